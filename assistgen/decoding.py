@@ -1,0 +1,181 @@
+"""Baseline and assisted generation (speculative decoding) in one loop that records every draft and acceptance.
+
+Each step: a draft source proposes up to k candidates; one target pass scores them all; the longest prefix the target
+agrees with is kept, plus the target's own token at the first disagreement (or a bonus token when all agree). With no
+draft source, k = 0 and every step is plain incremental decoding, which is the baseline.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .drafting import AssistantCandidates, CandidateGenerator, PromptLookupCandidates
+from .kv import CachedDecoder
+from .sampling import Sampler, accept_greedy, accept_sampled
+from .schedules import make_schedule
+
+
+@dataclass(frozen=True)
+class Step:
+    """One target forward pass."""
+    drafted: list[int]   # candidates proposed (empty for a plain decoding step)
+    accepted: int        # how many of them were kept: emitted[:accepted] == drafted[:accepted]
+    emitted: list[int]   # tokens appended: the accepted candidates, then the target's own token (unless an accepted
+                         # candidate was EOS, where the step ends)
+    window: int          # the schedule's window for this step (drafted may be shorter: EOS, token budget, no match)
+    draft_s: float       # seconds spent drafting
+    verify_s: float      # seconds in the target pass and acceptance
+
+
+@dataclass
+class GenerationResult:
+    new_tokens: list[int]
+    steps: list[Step]
+    target_passes: int
+    assistant_passes: int
+    latency_s: float
+    stop_reason: str = "max_new_tokens"   # "eos", "max_new_tokens", "max_length" or "max_time"
+    prompt_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.new_tokens) / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted candidates over drafted candidates; None when nothing was drafted."""
+        drafted = sum(len(s.drafted) for s in self.steps)
+        return sum(s.accepted for s in self.steps) / drafted if drafted else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.new_tokens) / self.latency_s if self.latency_s > 0 else 0.0
+
+
+def _eos_ids(model, eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        gen = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = model.config.eos_token_id
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+def _decoder_prefix(model, inputs: dict) -> list[int]:
+    """The token sequence generation continues: the prompt, or an encoder-decoder model's forced decoder prefix."""
+    if model.config.is_encoder_decoder:
+        if inputs.get("decoder_input_ids") is not None:
+            ids = inputs["decoder_input_ids"]
+        else:
+            start = model.generation_config.decoder_start_token_id
+            start = model.config.decoder_start_token_id if start is None else start
+            if start is None:
+                raise ValueError("encoder-decoder inputs need decoder_input_ids, or a decoder_start_token_id in the config")
+            return [int(start if isinstance(start, int) else start[0])]
+    else:
+        ids = inputs.get("input_ids")
+        if ids is None:
+            raise ValueError("decoder-only inputs need input_ids")
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            ids = ids[mask.bool()].unsqueeze(0) if ids.dim() == 2 else ids[mask.bool()]
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"batch size must be 1, got input of shape {tuple(ids.shape)}")
+        ids = ids[0]
+    if ids.numel() == 0:
+        raise ValueError("the prompt is empty")
+    return ids.tolist()
+
+
+def _max_positions(model) -> int | None:
+    config = model.config
+    for name in ("max_target_positions", "max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tokens: int = 0,
+             max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+             seed: int | None = None, num_assistant_tokens: int = 5,
+             num_assistant_tokens_schedule: str = "heuristic", eos_token_id: int | list[int] | None = None,
+             on_step: Callable[[Step], None] | None = None, max_time_s: float | None = None,
+             candidate_generator: CandidateGenerator | None = None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens for one sequence (batch size 1).
+
+    Drafts come from `assistant_model` (same tokenizer), from prompt lookup (`prompt_lookup_num_tokens` > 0), from an
+    explicit `candidate_generator`, or from nowhere (baseline). `on_step` is called after every target pass.
+    Generation stops after an EOS token, at exactly `max_new_tokens`, or when `max_time_s` has passed.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if (assistant_model is not None) + (prompt_lookup_num_tokens > 0) + (candidate_generator is not None) > 1:
+        raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
+    started = time.perf_counter()
+    prefix = _decoder_prefix(model, inputs)
+    eos = _eos_ids(model, eos_token_id)
+    target = CachedDecoder(model, inputs, prefix_length=len(prefix))
+    if assistant_model is not None:
+        candidate_generator = AssistantCandidates(
+            CachedDecoder(assistant_model, inputs, prefix_length=len(prefix), encoder_outputs=target.encoder_outputs),
+            eos)
+    elif prompt_lookup_num_tokens > 0:
+        candidate_generator = PromptLookupCandidates()
+        num_assistant_tokens = prompt_lookup_num_tokens
+    schedule = make_schedule(num_assistant_tokens_schedule, num_assistant_tokens)
+    sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
+    limit = _max_positions(model)
+    budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
+    if budget < 1:
+        raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
+
+    tokens = list(prefix)
+    new_tokens: list[int] = []
+    steps: list[Step] = []
+    stop_reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
+    while len(new_tokens) < budget:
+        # 1. Draft: never more candidates than the budget has room for beyond the target's own token.
+        t0 = time.perf_counter()
+        window = schedule.window if candidate_generator is not None else 0
+        k = min(window, budget - len(new_tokens) - 1)
+        candidates, candidate_probs = (candidate_generator.get_candidates(tokens, k, sampler) if k > 0 else ([], None))
+        candidates = candidates[:k]
+        t1 = time.perf_counter()
+        # 2. Verify: one target pass scores every candidate position and the one after them.
+        logits = target.logits(tokens + candidates, keep=len(candidates) + 1)
+        if sampler is None:
+            accepted, next_token = accept_greedy(candidates, logits)
+        else:
+            accepted, next_token = accept_sampled(candidates, candidate_probs, sampler.probs(logits), sampler)
+        emitted = candidates[:accepted] + [next_token]
+        # 3. Stop at the first EOS, even one inside the accepted candidates.
+        for i, token in enumerate(emitted):
+            if token in eos:
+                emitted, accepted, stop_reason = emitted[:i + 1], min(accepted, i + 1), "eos"
+                break
+        t2 = time.perf_counter()
+        tokens += emitted
+        new_tokens += emitted
+        step = Step(candidates, accepted, emitted, window, t1 - t0, t2 - t1)
+        steps.append(step)
+        schedule.update(len(candidates), accepted, step.draft_s, step.verify_s)
+        if on_step is not None:
+            on_step(step)
+        if stop_reason == "eos":
+            break
+        if max_time_s is not None and time.perf_counter() - started > max_time_s and len(new_tokens) < budget:
+            stop_reason = "max_time"
+            break
+    return GenerationResult(
+        new_tokens=new_tokens, steps=steps, target_passes=target.passes,
+        assistant_passes=candidate_generator.passes if candidate_generator is not None else 0,
+        latency_s=time.perf_counter() - started, stop_reason=stop_reason, prompt_tokens=len(prefix))

@@ -1,0 +1,94 @@
+"""One model's decoder behind a KV cache that follows whatever token sequence it is asked about."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _as_list(ids) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in ids]
+
+
+class CachedDecoder:
+    """A transformers model's decoder with a KV cache, fed incrementally.
+
+    The caller passes the whole decoder sequence each time (prompt for decoder-only models, decoder prefix for
+    encoder-decoder ones, then generated tokens). The cache is cropped back to the longest prefix it shares with that
+    sequence and only the rest is fed, so rejected draft tokens disappear without any bookkeeping by the caller.
+
+    The encoder of an encoder-decoder model runs once, here. A decoder-only Whisper (``WhisperForCausalLM``, the
+    distil-Whisper assistant layout) takes another model's ``encoder_outputs`` instead.
+    """
+
+    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None):
+        self.model = model
+        self.device = model.device
+        self.passes = 0
+        self._cache = None
+        self._seen: list[int] = []
+        self._extra: dict = {}
+        self.encoder_outputs = None
+        config = model.config
+        if config.is_encoder_decoder:
+            encoder = model.get_encoder()
+            accepted = inspect.signature(encoder.forward).parameters
+            enc_inputs = {k: v.to(self.device) for k, v in inputs.items()
+                          if k in accepted and k != "decoder_input_ids" and isinstance(v, torch.Tensor)}
+            self.encoder_outputs = encoder(**enc_inputs, return_dict=True)
+            self._extra["encoder_outputs"] = self.encoder_outputs
+            if "attention_mask" in enc_inputs and "input_ids" in enc_inputs:
+                self._extra["attention_mask"] = enc_inputs["attention_mask"]
+        elif encoder_outputs is not None:
+            self._extra["encoder_outputs"] = (encoder_outputs.last_hidden_state.to(self.device),)
+        self._input_key = "decoder_input_ids" if config.is_encoder_decoder else "input_ids"
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        gen = getattr(model, "generation_config", None)
+        self._suppress = _as_list(getattr(gen, "suppress_tokens", None))
+        self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
+        self._begin_index = prefix_length
+
+    @torch.inference_mode()
+    def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
+        """Logits ``(keep, vocab)`` (float32) predicting the tokens after each of the last `keep` positions of `tokens`.
+
+        One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen.
+        """
+        reuse = min(_common_prefix(self._seen, tokens), len(tokens) - keep)
+        cached = self._cache.get_seq_length() if self._cache is not None else 0
+        if reuse < cached:
+            self._cache.crop(reuse - cached)
+        new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
+        kwargs = {self._input_key: new, "cache": self._cache, "use_cache": True, **self._extra}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(**kwargs)
+        self._cache = out.cache
+        self._seen = list(tokens)
+        self.passes += 1
+        logits = out.logits[0, -keep:].float()
+        if self._suppress or self._begin_suppress:
+            logits = self._mask(logits, first_position=len(tokens) - keep + 1)
+        return logits
+
+    def _mask(self, logits: torch.Tensor, first_position: int) -> torch.Tensor:
+        """The model's generation_config `suppress_tokens` everywhere, `begin_suppress_tokens` at the first new token."""
+        logits = logits.clone()
+        if self._suppress:
+            logits[:, self._suppress] = -float("inf")
+        row = self._begin_index - first_position
+        if self._begin_suppress and 0 <= row < logits.shape[0]:
+            logits[row, self._begin_suppress] = -float("inf")
+        return logits

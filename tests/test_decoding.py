@@ -1,0 +1,244 @@
+"""The engine's contract: assisted greedy output is the target's greedy output, token for token."""
+import pytest
+import torch
+from transformers import GenerationMixin
+
+import tiny_models as tm
+from assistgen import generate
+
+FAMILIES = {
+    "qwen2": (tm.qwen2, tm.decoder_inputs),
+    "gpt2": (tm.gpt2, tm.decoder_inputs),
+    "t5": (tm.t5, tm.decoder_inputs),
+    "whisper": (tm.whisper, tm.whisper_inputs),
+}
+
+
+def transformers_greedy(model, inputs, max_new_tokens):
+    """Reference: transformers' own greedy generate (the generic one for Whisper, whose override adds its pipeline)."""
+    gen = GenerationMixin.generate if model.config.model_type == "whisper" else type(model).generate
+    out = gen(model, **inputs, do_sample=False, max_new_tokens=max_new_tokens, num_beams=1)
+    if model.config.is_encoder_decoder:
+        prefix = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else 1
+    else:
+        prefix = inputs["input_ids"].shape[1]
+    return out[0, prefix:].tolist()
+
+
+def make_pair(family, assistant_kind, seed=0, eos=None):
+    build, make_inputs = FAMILIES[family]
+    target = build(seed, eos=eos)
+    assistant = {
+        "random": lambda: build(seed + 100, layers=1, eos=eos),
+        "self": lambda: target,
+        "perturbed": lambda: tm.perturbed(target, 0.5, seed + 7),
+    }[assistant_kind]()
+    return target, assistant, make_inputs(seed)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("assistant_kind", ["random", "self", "perturbed"])
+@pytest.mark.parametrize("window,schedule", [(1, "constant"), (5, "heuristic"), (16, "constant")])
+def test_assisted_greedy_matches_baseline_and_transformers(family, assistant_kind, window, schedule):
+    target, assistant, inputs = make_pair(family, assistant_kind)
+    reference = transformers_greedy(target, inputs, 24)
+    baseline = generate(target, inputs, max_new_tokens=24)
+    assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=24,
+                        num_assistant_tokens=window, num_assistant_tokens_schedule=schedule)
+    assert len(reference) == 24
+    assert baseline.new_tokens == reference
+    assert assisted.new_tokens == reference
+    if assistant_kind == "self":
+        assert assisted.acceptance_rate == 1.0
+        assert assisted.target_passes < baseline.target_passes
+
+
+def test_random_assistant_is_mostly_rejected_and_self_assistant_always_accepted():
+    target, random_assistant, inputs = make_pair("qwen2", "random")
+    rejected = generate(target, inputs, assistant_model=random_assistant, max_new_tokens=32)
+    accepted = generate(target, inputs, assistant_model=target, max_new_tokens=32)
+    assert rejected.acceptance_rate < 0.5
+    assert accepted.acceptance_rate == 1.0
+    assert rejected.new_tokens == accepted.new_tokens
+
+
+def test_baseline_is_one_step_per_token():
+    target, _, inputs = make_pair("qwen2", "self")
+    result = generate(target, inputs, max_new_tokens=10)
+    assert result.target_passes == len(result.steps) == 10
+    assert all(step.drafted == [] and len(step.emitted) == 1 for step in result.steps)
+    assert result.assistant_passes == 0 and result.acceptance_rate is None and result.tokens_per_pass == 1.0
+
+
+class Oracle:
+    """Proposes a known continuation, whatever follows: drafts that run past an EOS."""
+    passes = 0
+
+    def __init__(self, prefix, continuation):
+        self.prefix, self.continuation = prefix, continuation
+
+    def get_candidates(self, tokens, num_candidates, sampler):
+        done = len(tokens) - self.prefix
+        return self.continuation[done:done + num_candidates], None
+
+
+def _eos_case(family):
+    """A target whose greedy output reaches a fresh token at position >= 2; that token becomes its EOS."""
+    build, make_inputs = FAMILIES[family]
+    inputs = make_inputs(3)
+    free_run = generate(build(3), inputs, max_new_tokens=30).new_tokens
+    position = next(i for i in range(2, 30) if free_run[i] not in free_run[:i])
+    return build(3, eos=free_run[position]), inputs, free_run, position
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eos_ends_generation_inside_an_assistant_draft(family):
+    target, inputs, free_run, position = _eos_case(family)
+    reference = transformers_greedy(target, inputs, 30)
+    assisted = generate(target, inputs, assistant_model=target, max_new_tokens=30, num_assistant_tokens=12,
+                        num_assistant_tokens_schedule="constant")
+    assert assisted.new_tokens == reference == free_run[:position + 1]
+    assert assisted.stop_reason == "eos"
+    last = assisted.steps[-1]
+    # The assistant stops drafting at EOS, well inside its window of 12; the target accepted it.
+    assert last.drafted[-1] == free_run[position] and len(last.drafted) < 12
+    assert last.accepted == len(last.emitted)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eos_in_the_middle_of_accepted_candidates_drops_the_rest(family):
+    target, inputs, free_run, position = _eos_case(family)
+    prefix = len(inputs["decoder_input_ids"][0]) if "decoder_input_ids" in inputs else (
+        1 if target.config.is_encoder_decoder else inputs["input_ids"].shape[1])
+    oracle = Oracle(prefix, free_run)
+    result = generate(target, inputs, candidate_generator=oracle, max_new_tokens=30, num_assistant_tokens=12,
+                      num_assistant_tokens_schedule="constant")
+    assert result.new_tokens == free_run[:position + 1]
+    assert result.stop_reason == "eos"
+    last = result.steps[-1]
+    assert len(last.drafted) > len(last.emitted)  # candidates beyond the EOS were proposed and dropped
+    assert last.accepted == len(last.emitted)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
+def test_max_new_tokens_landing_inside_a_draft_is_exact(max_new_tokens):
+    target, _, inputs = make_pair("qwen2", "self")
+    baseline = generate(target, inputs, max_new_tokens=max_new_tokens)
+    assisted = generate(target, inputs, assistant_model=target, max_new_tokens=max_new_tokens,
+                        num_assistant_tokens=10, num_assistant_tokens_schedule="constant")
+    assert len(assisted.new_tokens) == max_new_tokens
+    assert assisted.new_tokens == baseline.new_tokens
+    # The window is cut so that drafts never run past the budget.
+    produced = 0
+    for step in assisted.steps:
+        assert len(step.drafted) <= max_new_tokens - produced - 1
+        produced += len(step.emitted)
+
+
+def test_heuristic_window_follows_plus_two_minus_one():
+    target, assistant, inputs = make_pair("qwen2", "perturbed")
+    result = generate(target, inputs, assistant_model=assistant, max_new_tokens=120, num_assistant_tokens=5)
+    assert result.steps[0].window == 5
+    seen_both = set()
+    for step, following in zip(result.steps, result.steps[1:]):
+        all_accepted = step.accepted == len(step.drafted)
+        seen_both.add(all_accepted)
+        expected = step.window + 2 if all_accepted else max(1, step.window - 1)
+        assert following.window == expected
+    assert seen_both == {True, False}, "the pair should both fully accept and reject some windows"
+
+
+def test_constant_window_stays_fixed():
+    target, assistant, inputs = make_pair("qwen2", "perturbed")
+    result = generate(target, inputs, assistant_model=assistant, max_new_tokens=60, num_assistant_tokens=4,
+                      num_assistant_tokens_schedule="constant")
+    assert {step.window for step in result.steps} == {4}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bookkeeping_adds_up(family):
+    target, assistant, inputs = make_pair(family, "perturbed")
+    seen = []
+    result = generate(target, inputs, assistant_model=assistant, max_new_tokens=40, on_step=seen.append)
+    assert seen == result.steps
+    assert [t for step in result.steps for t in step.emitted] == result.new_tokens
+    assert result.target_passes == len(result.steps)
+    # One assistant pass per candidate drafted.
+    assert result.assistant_passes == sum(len(step.drafted) for step in result.steps)
+    for step in result.steps:
+        assert step.emitted[:step.accepted] == step.drafted[:step.accepted]
+        assert len(step.emitted) == step.accepted + 1
+    drafted = sum(len(s.drafted) for s in result.steps)
+    assert result.acceptance_rate == pytest.approx(sum(s.accepted for s in result.steps) / drafted)
+    assert result.tokens_per_pass == pytest.approx(40 / result.target_passes)
+
+
+def test_decoder_only_whisper_assistant_shares_the_target_encoder():
+    target = tm.whisper(0)
+    inputs = tm.whisper_inputs(0)
+    assistant = tm.whisper_decoder_only(1)
+    reference = transformers_greedy(target, inputs, 20)
+    assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=20)
+    assert assisted.new_tokens == reference
+    assert assisted.assistant_passes > 0
+
+
+def test_suppressed_tokens_are_never_generated_and_match_transformers():
+    target = tm.whisper(4)
+    inputs = tm.whisper_inputs(4)
+    free = generate(target, inputs, max_new_tokens=20).new_tokens
+    target.generation_config.suppress_tokens = free[1:4]
+    target.generation_config.begin_suppress_tokens = [free[0]]
+    reference = transformers_greedy(target, inputs, 20)
+    assisted = generate(target, inputs, assistant_model=target, max_new_tokens=20)
+    assert assisted.new_tokens == reference
+    assert not set(free[1:4]) & set(assisted.new_tokens)
+    assert assisted.new_tokens[0] != free[0]
+
+
+def test_prompt_lookup_drafts_come_from_the_context_and_keep_greedy_output():
+    target = tm.qwen2(5)
+    phrase = torch.randint(3, tm.VOCAB, (12,), generator=torch.Generator().manual_seed(5))
+    ids = torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0)  # a repetitive prompt, as in code editing
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    baseline = generate(target, inputs, max_new_tokens=40)
+    lookup = generate(target, inputs, prompt_lookup_num_tokens=6, max_new_tokens=40)
+    assert lookup.new_tokens == baseline.new_tokens
+    assert lookup.assistant_passes == 0
+    context = ids[0].tolist()
+    drafted_any = False
+    for step in lookup.steps:
+        if step.drafted:
+            drafted_any = True
+            n = len(step.drafted)
+            assert any(context[i:i + n] == step.drafted for i in range(len(context) - n + 1))
+        context += step.emitted
+    assert drafted_any
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"num_assistant_tokens_schedule": "sometimes"}, "num_assistant_tokens_schedule"),
+    ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
+    ({"prompt_lookup_num_tokens": 3}, "only one of"),
+    ({"do_sample": True, "temperature": 0.0}, "temperature"),
+    ({"do_sample": True, "top_p": 0.0}, "top_p"),
+])
+def test_rejects_bad_arguments_with_a_clear_message(kwargs, message):
+    target, assistant, inputs = make_pair("qwen2", "self")
+    with pytest.raises(ValueError, match=message):
+        generate(target, inputs, assistant_model=assistant, **kwargs)
+
+
+def test_rejects_a_batch_of_two():
+    target = tm.qwen2(0)
+    ids = torch.tensor([[4, 5, 6], [7, 8, 9]])
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        generate(target, {"input_ids": ids})
+
+
+def test_max_time_returns_partial_output():
+    target, _, inputs = make_pair("qwen2", "self")
+    result = generate(target, inputs, max_new_tokens=200, max_time_s=0.0)
+    assert result.stop_reason == "max_time"
+    assert 1 <= len(result.new_tokens) < 200

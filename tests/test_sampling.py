@@ -1,0 +1,121 @@
+"""Speculative sampling is exact: the tokens it emits follow the target's own sampling distribution."""
+from collections import Counter
+from itertools import product
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import tiny_models as tm
+from assistgen import generate
+from assistgen import drafting
+from assistgen.sampling import Sampler, accept_sampled
+
+VOCAB = 8
+SAMPLES = 800
+
+
+def chi2_pvalue(counts: Counter, expected: dict) -> float:
+    """Chi-square goodness of fit; cells with small expectation are pooled."""
+    n = sum(counts.values())
+    observed, wanted, pool_o, pool_e = [], [], 0, 0.0
+    for cell, p in expected.items():
+        if p * n >= 5:
+            observed.append(counts.get(cell, 0))
+            wanted.append(p * n)
+        else:
+            pool_o += counts.get(cell, 0)
+            pool_e += p * n
+    observed.append(pool_o + sum(c for cell, c in counts.items() if cell not in expected))
+    wanted.append(pool_e)
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    scale = sum(observed) / sum(wanted)  # the expected mass sums to 1 only up to float rounding
+    return chisquare(observed, [w * scale for w in wanted]).pvalue
+
+
+def test_sampler_top_p_keeps_the_smallest_nucleus():
+    sampler = Sampler(temperature=1.0, top_p=0.7, seed=0)
+    probs = sampler.probs(torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])))
+    assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_acceptance_rule_reproduces_the_target_distribution(deterministic_draft):
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(2, 6, generator=g) * 1.5, dim=-1)
+    q = torch.softmax(torch.randn(1, 6, generator=g) * 1.5, dim=-1)
+    sampler = Sampler(seed=2)
+    counts = Counter()
+    for _ in range(20000):
+        x = 3 if deterministic_draft else sampler.sample(q[0])
+        accepted, token = accept_sampled([x], None if deterministic_draft else q, p, sampler)
+        counts[x if accepted else token] += 1
+    assert chi2_pvalue(counts, dict(enumerate(p[0].tolist()))) > 1e-3
+
+
+def _target_joint(model, prompt, temperature, top_p, length=2):
+    """Exact probability of each sequence of `length` first tokens under the target's own sampling."""
+    sampler = Sampler(temperature, top_p, seed=0)
+    joint = {}
+    for seq in product(range(VOCAB), repeat=length):
+        prob = 1.0
+        for i in range(length):
+            logits = model(torch.tensor([prompt + list(seq[:i])])).logits[0, -1]
+            prob *= float(sampler.probs(logits)[seq[i]])
+        joint[seq] = prob
+    return joint
+
+
+def _sample_first_tokens(target, assistant, prompt, n, temperature, top_p, length=2):
+    inputs = {"input_ids": torch.tensor([prompt])}
+    counts = Counter()
+    for seed in range(n):
+        result = generate(target, inputs, assistant_model=assistant, do_sample=True, temperature=temperature,
+                          top_p=top_p, seed=seed, max_new_tokens=3, num_assistant_tokens=2,
+                          num_assistant_tokens_schedule="constant")
+        counts[tuple(result.new_tokens[:length])] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    target = tm.qwen2(21, vocab=VOCAB, hidden=16, layers=1, init=0.5)
+    assistant = tm.qwen2(22, vocab=VOCAB, hidden=16, layers=1, init=0.5)
+    return target, assistant, [1, 2, 3]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_speculative_sampling_matches_the_target_distribution(sampling_pair, temperature, top_p):
+    target, assistant, prompt = sampling_pair
+    with torch.inference_mode():
+        expected = _target_joint(target, prompt, temperature, top_p)
+    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, temperature, top_p)
+    assert chi2_pvalue(counts, expected) > 1e-3
+
+
+def test_the_test_detects_greedy_drafts_treated_as_samples(sampling_pair, monkeypatch):
+    """The exactness test has power: drafting with argmax but claiming q as the proposal skews the output."""
+    target, assistant, prompt = sampling_pair
+
+    def greedy_but_claims_sampled(self, tokens, num_candidates, sampler):
+        candidates, probs = [], []
+        for _ in range(num_candidates):
+            logits = self.assistant.logits(tokens + candidates)[0]
+            probs.append(sampler.probs(logits))
+            candidates.append(int(logits.argmax()))
+        return candidates, torch.stack(probs)
+
+    monkeypatch.setattr(drafting.AssistantCandidates, "get_candidates", greedy_but_claims_sampled)
+    with torch.inference_mode():
+        expected = _target_joint(target, prompt, 1.0, 1.0)
+    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0)
+    assert chi2_pvalue(counts, expected) < 1e-3
+
+
+def test_sampling_is_reproducible_with_a_seed(sampling_pair):
+    target, assistant, prompt = sampling_pair
+    inputs = {"input_ids": torch.tensor([prompt])}
+    runs = [generate(target, inputs, assistant_model=assistant, do_sample=True, seed=5, max_new_tokens=12).new_tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1]
