@@ -1,0 +1,54 @@
+"""Speech input: checked from its metadata before decoding, then decoded, downmixed and resampled to 16 kHz mono."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .tasks import SAMPLE_RATE, InputError
+
+DEFAULT_MAX_SECONDS = 30.0
+MIN_SECONDS = 0.1
+SILENCE_PEAK = 1e-4
+
+
+def max_audio_seconds() -> float:
+    return float(os.environ.get("ASSISTGEN_MAX_AUDIO_SECONDS", DEFAULT_MAX_SECONDS))
+
+
+def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
+    """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, undecodable, too long, too
+    short or silent audio."""
+    import soundfile as sf
+    max_seconds = max_audio_seconds() if max_seconds is None else max_seconds
+    if path is None or str(path).strip() == "":
+        raise InputError("no audio: upload a clip or record one with the microphone")
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"the audio file {path.name!r} is missing; upload it again")
+    try:
+        info = sf.info(str(path))
+    except Exception:
+        raise InputError(f"{path.name!r} is not audio this app can decode; use WAV, FLAC, OGG or MP3") from None
+    duration = info.frames / info.samplerate if info.samplerate and info.frames > 0 else None
+    if duration is not None and duration > max_seconds:
+        raise InputError(f"the clip is {duration:.1f} s long; the limit is {max_seconds:.0f} s: trim it")
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=int((max_seconds + 1) * info.samplerate))
+    except Exception:
+        raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
+    if samples.size == 0:
+        raise InputError(f"{path.name!r} holds no audio samples")
+    mono = samples.mean(axis=1)
+    seconds = len(mono) / rate
+    if seconds > max_seconds:  # formats whose header does not state a length
+        raise InputError(f"the clip is longer than the {max_seconds:.0f} s limit: trim it")
+    if seconds < MIN_SECONDS:
+        raise InputError(f"the clip is {seconds * 1000:.0f} ms long; record at least {MIN_SECONDS:.1f} s of speech")
+    if not np.isfinite(mono).all() or float(np.abs(mono).max()) < SILENCE_PEAK:
+        raise InputError("the clip is silent: check the microphone or pick another file")
+    if rate != SAMPLE_RATE:
+        import soxr
+        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
+    return np.ascontiguousarray(mono, dtype=np.float32)

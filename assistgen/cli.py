@@ -1,0 +1,141 @@
+"""python -m assistgen {models,compare,engine-bench}: the library from a shell."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .catalog import CatalogError, load_catalog
+from .tasks import LANGUAGES
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _progress_bar():
+    from tqdm import tqdm
+    bar = tqdm(total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}%", leave=False)
+
+    def report(fraction: float, message: str) -> None:
+        bar.set_description(message[:60])
+        bar.n = round(100 * fraction)
+        bar.refresh()
+    return bar, report
+
+
+def cmd_models(args) -> int:
+    from .loading import availability, pair_availability
+    catalog = load_catalog(args.catalog)
+    rows = []
+    for pair in catalog.pairs:
+        ok, why = pair_availability(pair, catalog)
+        rows.append({"pair": pair.name, "tasks": list(pair.tasks), "target": pair.target.name,
+                     "target_source": f"{pair.target.source}:{pair.target.location}",
+                     "assistant": pair.assistant.name if pair.assistant else None,
+                     "assistant_source": f"{pair.assistant.source}:{pair.assistant.location}" if pair.assistant else None,
+                     "available": ok, "reason": why, "description": pair.description})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        state = "available" if row["available"] else "UNAVAILABLE"
+        print(f"{row['pair']}  [{', '.join(row['tasks'])}]  {state}: {row['reason']}")
+        print(f"    target    {row['target']} ({row['target_source']})")
+        print(f"    assistant {row['assistant']} ({row['assistant_source']})")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .audio import load_audio
+    from .compare import Settings, compare
+    from .loading import LoadError, pair_availability
+    from .pool import ModelPool
+    from .tasks import InputError, asr_inputs, text_inputs
+    catalog = load_catalog(args.catalog)
+    try:
+        spec = catalog.pair(args.pair)
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from None
+    if args.task not in spec.tasks:
+        raise CliError(f"pair {spec.name!r} does not do {args.task}; it does {', '.join(spec.tasks)}")
+    if (args.task == "asr") != (args.audio is not None) or (args.text is None and args.audio is None):
+        raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
+    settings = Settings(max_new_tokens=args.max_new_tokens or spec.max_new_tokens, temperature=args.temperature,
+                        draft_source=args.draft_source,
+                        num_assistant_tokens=args.num_assistant_tokens or spec.num_assistant_tokens,
+                        schedule=args.schedule or spec.schedule, seed=args.seed)
+    try:
+        settings.validate()
+        audio = load_audio(args.audio) if args.task == "asr" else None
+    except (ValueError, InputError) as exc:
+        raise CliError(str(exc)) from None
+    ok, why = pair_availability(spec, catalog)
+    if not ok:
+        raise CliError(f"pair {spec.name!r} is unavailable: {why}")
+    bar, report = _progress_bar()
+    try:
+        pair = ModelPool(catalog).pair(spec, report)
+    except LoadError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        bar.close()
+    try:
+        inputs = asr_inputs(pair, audio) if args.task == "asr" else text_inputs(
+            pair, args.task, args.text, target_language=args.target_language)
+    except InputError as exc:
+        raise CliError(str(exc)) from None
+    result = compare(pair, args.task, inputs, settings).to_dict()
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
+    for name in ("baseline", "assisted"):
+        run = result[name]
+        print(f"== {name} ({'ran first' if name == result['ran_first'] else 'ran second'})\n{run['text']}\n"
+              f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
+              f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
+              f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
+    predicted = result["predicted_speedup"]
+    print(f"speedup {result['speedup']:.2f}x (predicted {'n/a' if predicted is None else format(predicted, '.2f')}x"
+          f" from acceptance, window and cost ratio); draft source: {result['draft_source']}; {result['identical_note']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m assistgen", description="See, measure and explain assisted "
+                                     "generation (speculative decoding).")
+    parser.add_argument("--catalog", help="catalog file (default: $ASSISTGEN_CATALOG or models.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    models = sub.add_parser("models", help="list every pair with its availability")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(run=cmd_models)
+    comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
+    comp.add_argument("--pair", required=True)
+    comp.add_argument("--task", required=True, choices=["chat", "translation", "summarization", "asr"])
+    source = comp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text")
+    source.add_argument("--audio")
+    comp.add_argument("--max-new-tokens", type=int)
+    comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    comp.add_argument("--draft-source", choices=["assistant", "prompt_lookup"], default="assistant")
+    comp.add_argument("--num-assistant-tokens", type=int)
+    comp.add_argument("--schedule", choices=["heuristic", "constant"])
+    comp.add_argument("--target-language", default="French", choices=LANGUAGES)
+    comp.add_argument("--seed", type=int, default=0)
+    comp.add_argument("--json", action="store_true")
+    comp.set_defaults(run=cmd_compare)
+    bench = sub.add_parser("engine-bench", help="our decoding loop against transformers' generate", add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=lambda args: __import__("assistgen.enginebench", fromlist=["main"]).main(args.rest))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (CatalogError, CliError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

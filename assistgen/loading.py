@@ -1,0 +1,284 @@
+"""Turning catalog specs into loaded models: offline packs, the hub, local folders; availability and pair checks."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .catalog import Catalog, ModelSpec, PairSpec
+from .packs import PackError, assemble, cache_dir, file_lock, package_dir
+
+Progress = Callable[[float, str], None]
+PARAMETER_RATIO_WARNING = 10.0
+
+
+class LoadError(RuntimeError):
+    """A model could not be loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: Any
+    tokenizer: Any
+    processor: Any | None       # feature extractor + tokenizer, for speech models
+    num_parameters: int
+    num_bytes: int
+    load_s: float
+    warm: bool = False          # has run once, so one-time costs are out of the way of timed runs
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.spec.eos_token_ids:
+            return self.spec.eos_token_ids
+        eos = self.model.generation_config.eos_token_id
+        eos = self.model.config.eos_token_id if eos is None else eos
+        return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+
+
+@dataclass
+class LoadedPair:
+    spec: PairSpec
+    target: LoadedModel
+    assistant: LoadedModel | None
+    mode: str                   # "same-tokenizer", "different-tokenizer" or "no-assistant"
+    mode_reason: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def parameter_ratio(self) -> float | None:
+        if self.assistant is None:
+            return None
+        return self.target.num_parameters / max(1, self.assistant.num_parameters)
+
+    @property
+    def assistant_usable(self) -> bool:
+        return self.mode == "same-tokenizer"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def torch_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+# --- availability -------------------------------------------------------------------------------------------------
+
+_failures: dict[str, str] = {}  # model name -> why its last load failed (missing or damaged weights)
+
+
+@functools.lru_cache(maxsize=1)
+def hub_reachable() -> tuple[bool, str]:
+    """Whether the Hugging Face hub can be reached (asked once per process, with a short timeout)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False, "the hub is switched off here (HF_HUB_OFFLINE=1)"
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True, "the hub is reachable"
+    except OSError as exc:
+        return False, f"the hub cannot be reached ({exc.__class__.__name__})"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def availability(spec: ModelSpec, catalog: Catalog) -> tuple[bool, str]:
+    """(available, reason) for one model, without loading it."""
+    if spec.name in _failures:
+        return False, _failures[spec.name]
+    if spec.source == "pack":
+        for file in catalog.packs[spec.location].files:
+            for part in file.parts:
+                try:
+                    package_dir(part.package)
+                except PackError as exc:
+                    return False, str(exc)
+        return True, "offline pack (installed packages, sha256-verified)"
+    if spec.source == "hub":
+        if _in_hub_cache(spec.location):
+            return True, f"{spec.location} is in the local hub cache"
+        ok, why = hub_reachable()
+        return (True, f"{spec.location} from the hub") if ok else (False, f"{spec.location}: {why}, and it is not in "
+                                                                          "the local cache")
+    path = Path(spec.location).expanduser()
+    return (path.exists(), f"{path}" if path.exists() else f"{path} does not exist")
+
+
+def pair_availability(pair: PairSpec, catalog: Catalog) -> tuple[bool, str]:
+    for spec in (pair.target, pair.assistant):
+        if spec is not None:
+            ok, why = availability(spec, catalog)
+            if not ok:
+                return False, why
+    return True, "available"
+
+
+# --- loading --------------------------------------------------------------------------------------------------------
+
+def _count(model) -> tuple[int, int]:
+    params = list(model.parameters())
+    unique = {p.data_ptr(): p for p in params}.values()  # tied weights once
+    return sum(p.numel() for p in unique), sum(p.numel() * p.element_size() for p in unique)
+
+
+def _bnb_config(quantization: str, device: torch.device):
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except Exception as exc:  # bitsandbytes fails in many platform-specific ways
+        raise LoadError(f"quantization {quantization!r} needs bitsandbytes, which does not load here ({exc}); "
+                        "set quantization: none in models.yaml") from None
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float16 if device.type == "cuda"
+                              else torch.float32)
+
+
+def _convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> Path:
+    """Assemble the pack's files (sha256-verified) and convert them once into a transformers folder."""
+    pack = catalog.packs[spec.location]
+    pack_dir = cache_dir() / "packs" / pack.name
+    files = {}
+    for i, file in enumerate(pack.files):
+        progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
+        files[file.name] = assemble(file, pack_dir)
+    out_dir = cache_dir() / "models" / f"{pack.name}-{str(dtype).removeprefix('torch.')}"
+    if pack.format == "gguf":
+        from .gguf import gguf_to_hf
+        (gguf_path,) = files.values()
+        return gguf_to_hf(gguf_path, out_dir, dtype=dtype,
+                          progress=lambda f, m: progress(0.3 + 0.5 * f, f"{spec.name}: converting ({m})"))
+    from .ct2 import ct2_to_hf
+    marker = out_dir / "assistgen-conversion.json"
+    expected = {"model.bin": pack.files[0].sha256, "dtype": str(dtype)}
+    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+        if not (marker.is_file() and json.loads(marker.read_text()) == expected):
+            progress(0.4, f"{spec.name}: converting CTranslate2 weights")
+            ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
+            marker.write_text(json.dumps(expected))
+    return out_dir
+
+
+def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
+               progress: Progress | None = None) -> LoadedModel:
+    """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoProcessor, AutoTokenizer
+    progress = progress or (lambda fraction, message: None)
+    device = device or default_device()
+    dtype = torch_dtype(spec.dtype, device)
+    started = time.perf_counter()
+    try:
+        if spec.source == "pack":
+            folder = str(_convert_pack(spec, catalog, dtype if dtype != torch.float16 else torch.float32, progress))
+        elif spec.source == "gguf":
+            from .gguf import gguf_to_hf
+            path = Path(spec.location).expanduser()
+            folder = str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
+        else:
+            folder = spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
+        progress(0.8, f"{spec.name}: loading weights")
+        config = AutoConfig.from_pretrained(folder)
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if spec.quantization in ("int8", "4bit"):
+            kwargs["quantization_config"] = _bnb_config(spec.quantization, device)
+        if spec.device_map:
+            kwargs["device_map"] = spec.device_map
+            if spec.offload_folder:
+                kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder)
+        if config.model_type == "whisper" or config.is_encoder_decoder:
+            auto = AutoModelForSeq2SeqLM
+        else:
+            auto = AutoModelForCausalLM
+        if spec.source == "pack" and config.model_type != "whisper" and not spec.quantization in ("int8", "4bit"):
+            from .gguf import load_cached
+            model, tokenizer = load_cached(Path(folder), dtype)
+        else:
+            model = auto.from_pretrained(folder, **kwargs)
+            tokenizer = None
+        processor = None
+        if config.model_type == "whisper":
+            processor = AutoProcessor.from_pretrained(folder)
+            tokenizer = processor.tokenizer
+        elif tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        if not spec.device_map and spec.quantization not in ("int8", "4bit"):
+            model = model.to(device=device, dtype=dtype)
+        if spec.quantization == "dynamic_int8":
+            if device.type != "cpu":
+                raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        model.eval()
+    except LoadError as exc:
+        _failures[spec.name] = str(exc)
+        raise
+    except PackError as exc:
+        _failures[spec.name] = str(exc)
+        raise LoadError(f"{spec.name}: {exc}") from None
+    except MemoryError:
+        raise LoadError(f"{spec.name}: out of memory while loading; free memory or lower "
+                        "ASSISTGEN_MEMORY_BUDGET_GB") from None
+    except OSError as exc:
+        reason = str(exc).splitlines()[0]
+        if spec.source == "hub":
+            _failures[spec.name] = f"{spec.location}: cannot be fetched from the hub ({reason})"
+        raise LoadError(f"{spec.name}: {reason}") from None
+    params, nbytes = _count(model)
+    progress(1.0, f"{spec.name}: ready")
+    return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started)
+
+
+# --- pair checks ------------------------------------------------------------------------------------------------
+
+def tokenizer_mode(target_tokenizer, assistant_tokenizer) -> tuple[str, str]:
+    """Classify a pair: "same-tokenizer" when vocabularies, special tokens and encodings agree, else why not."""
+    if target_tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
+        a, b = len(target_tokenizer.get_vocab()), len(assistant_tokenizer.get_vocab())
+        return "different-tokenizer", f"the vocabularies differ ({a:,} vs {b:,} tokens)"
+    if set(target_tokenizer.all_special_tokens) != set(assistant_tokenizer.all_special_tokens):
+        return "different-tokenizer", "the special tokens differ"
+    probe = "def f(x):\n    return x ** 2  # Grüße, 日本語 <|endoftext|>"
+    if target_tokenizer.encode(probe) != assistant_tokenizer.encode(probe):
+        return "different-tokenizer", "the same text encodes to different token ids"
+    return "same-tokenizer", "identical tokenizers: the assistant's drafts are the target's token ids"
+
+
+def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | None) -> LoadedPair:
+    """Decide how a pair runs, and collect the warnings the user should see."""
+    if assistant is None:
+        return LoadedPair(spec, target, None, "no-assistant", "this pair has no assistant model")
+    warnings = []
+    t_cfg, a_cfg = target.model.config, assistant.model.config
+    if t_cfg.is_encoder_decoder and not a_cfg.is_encoder_decoder:
+        if a_cfg.model_type != "whisper" or a_cfg.d_model != t_cfg.d_model:
+            raise LoadError(f"pair {spec.name!r}: the decoder-only assistant cannot read the target's encoder "
+                            f"outputs (d_model {getattr(a_cfg, 'd_model', '?')} vs {t_cfg.d_model})")
+    elif a_cfg.is_encoder_decoder != t_cfg.is_encoder_decoder:
+        raise LoadError(f"pair {spec.name!r}: an encoder-decoder model cannot assist a decoder-only one, "
+                        "or the reverse")
+    mode, reason = tokenizer_mode(target.tokenizer, assistant.tokenizer)
+    if mode != "same-tokenizer":
+        reason = (f"{reason}: different-tokenizer assistants are not supported yet, so this pair runs the "
+                  "assistant-free draft source (prompt lookup) instead")
+    ratio = target.num_parameters / max(1, assistant.num_parameters)
+    if ratio < PARAMETER_RATIO_WARNING:
+        warnings.append(f"the assistant is only {ratio:.1f}x smaller than the target ({assistant.num_parameters/1e6:,.0f}M"
+                        f" vs {target.num_parameters/1e6:,.0f}M parameters); assisted generation pays off best at "
+                        f"about {PARAMETER_RATIO_WARNING:.0f}x or more")
+    return LoadedPair(spec, target, assistant, mode, reason, warnings)

@@ -1,0 +1,73 @@
+"""Loaded models, shared between pairs and kept within a memory budget (least recently used goes first)."""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+from .catalog import Catalog, ModelSpec, PairSpec
+from .loading import LoadedModel, LoadedPair, Progress, check_pair, load_model
+
+DEFAULT_BUDGET_GB = 14.0
+
+
+def budget_from_env() -> int:
+    """$ASSISTGEN_MEMORY_BUDGET_GB (default 14 GB: the offline chat and speech pairs together, in fp32)."""
+    return int(float(os.environ.get("ASSISTGEN_MEMORY_BUDGET_GB", DEFAULT_BUDGET_GB)) * 2**30)
+
+
+class ModelPool:
+    """Never two copies of one model: models are keyed by catalog name and loaded under a per-name lock."""
+
+    def __init__(self, catalog: Catalog, *, budget_bytes: int | None = None,
+                 loader: Callable[..., LoadedModel] = load_model):
+        self.catalog = catalog
+        self.budget_bytes = budget_from_env() if budget_bytes is None else budget_bytes
+        self._loader = loader
+        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
+        self._sizes: dict[str, int] = {}            # bytes seen at earlier loads, to evict before loading again
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(m.num_bytes for m in self._models.values())
+
+    def resident(self) -> list[str]:
+        return list(self._models)
+
+    def _evict(self, need: int, keep: set[str]) -> None:
+        with self._lock:
+            for name in list(self._models):
+                if self.resident_bytes + need <= self.budget_bytes:
+                    break
+                if name not in keep:
+                    del self._models[name]
+        import gc
+        gc.collect()
+
+    def model(self, spec: ModelSpec, progress: Progress | None = None, *, keep: set[str] = frozenset()) -> LoadedModel:
+        with self._lock:
+            lock = self._loading.setdefault(spec.name, threading.Lock())
+        with lock:
+            with self._lock:
+                if spec.name in self._models:
+                    self._models.move_to_end(spec.name)
+                    return self._models[spec.name]
+            self._evict(self._sizes.get(spec.name, 0), keep | {spec.name})
+            loaded = self._loader(spec, self.catalog, progress=progress)
+            with self._lock:
+                self._models[spec.name] = loaded
+                self._sizes[spec.name] = loaded.num_bytes
+            self._evict(0, keep | {spec.name})
+            return loaded
+
+    def pair(self, pair: PairSpec | str, progress: Progress | None = None) -> LoadedPair:
+        pair = self.catalog.pair(pair) if isinstance(pair, str) else pair
+        report = progress or (lambda fraction, message: None)
+        names = {pair.target.name} | ({pair.assistant.name} if pair.assistant else set())
+        target = self.model(pair.target, lambda f, m: report(0.6 * f, m), keep=names)
+        assistant = (self.model(pair.assistant, lambda f, m: report(0.6 + 0.4 * f, m), keep=names)
+                     if pair.assistant else None)
+        return check_pair(pair, target, assistant)

@@ -1,0 +1,84 @@
+"""From a user's text or audio to model inputs, per task and prompt style; and from tokens back to text."""
+from __future__ import annotations
+
+import numpy as np
+
+from .loading import LoadedPair
+
+LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese", "Russian",
+             "English")
+DEFAULT_MAX_INPUT_TOKENS = 2048
+SAMPLE_RATE = 16_000
+
+
+class InputError(ValueError):
+    """The user's input cannot be used; the message says what to change."""
+
+
+def _instruction(task: str, text: str, target_language: str) -> str:
+    if task == "translation":
+        return f"Translate the following text into {target_language}. Reply with the translation only.\n\n{text}"
+    if task == "summarization":
+        return f"Summarize the following text in two or three sentences.\n\n{text}"
+    return text
+
+
+def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str = "French",
+                max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS) -> dict:
+    """Tokenized prompt for chat, translation or summarization, within the input token budget."""
+    if task not in pair.spec.tasks:
+        raise InputError(f"pair {pair.spec.name!r} does not do {task}; it does {', '.join(pair.spec.tasks)}")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text is empty: type or paste something first")
+    if task == "translation" and target_language not in LANGUAGES:
+        raise InputError(f"unknown target language {target_language!r}; choose from {', '.join(LANGUAGES)}")
+    tokenizer = pair.target.tokenizer
+    style = pair.spec.prompt_style
+    if len(text) > 8 * max_input_tokens:  # cheap early refusal: no tokenizer pass over megabytes of text
+        raise InputError(f"the text is {len(text):,} characters, far over the {max_input_tokens:,}-token input limit; "
+                         "shorten it")
+    if style == "chat_template":
+        messages = [{"role": "user", "content": _instruction(task, text.strip(), target_language)}]
+        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                               return_tensors="pt")
+    elif style == "instruction":
+        prefix = {"translation": f"translate English to {target_language}: ", "summarization": "summarize: "}
+        inputs = tokenizer(prefix.get(task, "") + text.strip(), return_tensors="pt")
+    else:
+        inputs = tokenizer(text, return_tensors="pt")
+    n = inputs["input_ids"].shape[1]
+    if n > max_input_tokens:
+        raise InputError(f"the text is {n:,} tokens; the limit is {max_input_tokens:,}: shorten it")
+    return {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+
+
+def asr_inputs(pair: LoadedPair, audio: np.ndarray, *, language: str = "en") -> dict:
+    """Log-mel features of 16 kHz mono audio, and Whisper's forced decoder prefix (start, language, task)."""
+    processor = pair.target.processor
+    features = processor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+    tokenizer = pair.target.tokenizer
+    prefix = ["<|startoftranscript|>"]
+    if pair.target.model.generation_config.is_multilingual or getattr(
+            pair.target.model.generation_config, "lang_to_id", None):
+        prefix += [f"<|{language}|>", "<|transcribe|>"]
+    prefix.append("<|notimestamps|>")
+    ids = tokenizer.convert_tokens_to_ids(prefix)
+    if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
+        raise InputError(f"this Whisper model has no language token for {language!r}")
+    import torch
+    return {"input_features": features.to(pair.target.model.dtype), "decoder_input_ids": torch.tensor([ids])}
+
+
+def decode(pair: LoadedPair, tokens: list[int]) -> str:
+    return pair.target.tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+
+def token_pieces(pair: LoadedPair, tokens: list[int]) -> list[str]:
+    """The text of each token, such that "".join(pieces) reads as the decoded text (for token-by-token views)."""
+    tokenizer = pair.target.tokenizer
+    pieces, previous = [], ""
+    for i in range(len(tokens)):
+        text = tokenizer.decode(tokens[:i + 1], skip_special_tokens=True)
+        pieces.append(text[len(previous):] if text.startswith(previous) else text)
+        previous = text
+    return pieces
