@@ -41,6 +41,7 @@ class ModelSpec:
     device_map: str | None = None
     offload_folder: str | None = None
     eos_token_ids: tuple[int, ...] = ()
+    decoder_only: bool = False      # load only the decoder (a distil-Whisper assistant sharing the target's encoder)
 
     @property
     def needs_network(self) -> bool:
@@ -153,7 +154,8 @@ def _pack(path: Path, name: str, raw: Any) -> Pack:
 def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec:
     where = _Where(path, f"model {name!r}")
     raw = where.mapping(raw)
-    where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "offload_folder", "eos_token_ids"})
+    where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "offload_folder", "eos_token_ids",
+                                           "decoder_only"})
     sources = [s for s in SOURCES if s in raw]
     if len(sources) != 1:
         raise where.error(None, f"needs exactly one source key out of {', '.join(SOURCES)}; found {sources or 'none'}")
@@ -169,7 +171,7 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
                      quantization=where.get(raw, "quantization", str, default="none", choices=QUANTIZATIONS),
                      device_map=where.get(raw, "device_map", str, default=None),
                      offload_folder=where.get(raw, "offload_folder", str, default=None),
-                     eos_token_ids=tuple(eos))
+                     eos_token_ids=tuple(eos), decoder_only=where.get(raw, "decoder_only", bool, default=False))
 
 
 def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> PairSpec:

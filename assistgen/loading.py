@@ -159,7 +159,8 @@ def _convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progres
     for i, file in enumerate(pack.files):
         progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
         files[file.name] = assemble(file, pack_dir)
-    out_dir = cache_dir() / "models" / f"{pack.name}-{str(dtype).removeprefix('torch.')}"
+    suffix = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
+    out_dir = cache_dir() / "models" / f"{pack.name}{suffix}"
     if pack.format == "gguf":
         from .gguf import gguf_to_hf
         (gguf_path,) = files.values()
@@ -179,7 +180,8 @@ def _convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progres
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
                progress: Progress | None = None) -> LoadedModel:
     """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoProcessor, AutoTokenizer
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq,
+                              AutoProcessor, AutoTokenizer)
     progress = progress or (lambda fraction, message: None)
     device = device or default_device()
     dtype = torch_dtype(spec.dtype, device)
@@ -202,7 +204,11 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             kwargs["device_map"] = spec.device_map
             if spec.offload_folder:
                 kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder)
-        if config.model_type == "whisper" or config.is_encoder_decoder:
+        if spec.decoder_only:  # e.g. distil-Whisper's decoder as an assistant that reads the target's encoder
+            auto = AutoModelForCausalLM
+        elif config.model_type == "whisper":
+            auto = AutoModelForSpeechSeq2Seq
+        elif config.is_encoder_decoder:
             auto = AutoModelForSeq2SeqLM
         else:
             auto = AutoModelForCausalLM

@@ -73,12 +73,26 @@ def decode(pair: LoadedPair, tokens: list[int]) -> str:
     return pair.target.tokenizer.decode(tokens, skip_special_tokens=True).strip()
 
 
+class Detokenizer:
+    """Text of each token as it arrives, such that "".join(pieces) reads as the decoded text (token-by-token views).
+
+    Each new token costs one decode of the sequence so far.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.pieces: list[str] = []
+        self._text = ""
+
+    def feed(self, tokens: list[int]) -> list[str]:
+        for token in tokens:
+            self.tokens.append(token)
+            text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+            self.pieces.append(text[len(self._text):] if text.startswith(self._text) else text)
+            self._text = text
+        return self.pieces
+
+
 def token_pieces(pair: LoadedPair, tokens: list[int]) -> list[str]:
-    """The text of each token, such that "".join(pieces) reads as the decoded text (for token-by-token views)."""
-    tokenizer = pair.target.tokenizer
-    pieces, previous = [], ""
-    for i in range(len(tokens)):
-        text = tokenizer.decode(tokens[:i + 1], skip_special_tokens=True)
-        pieces.append(text[len(previous):] if text.startswith(previous) else text)
-        previous = text
-    return pieces
+    return Detokenizer(pair.target.tokenizer).feed(tokens)

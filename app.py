@@ -1,0 +1,167 @@
+"""assistgen web app: baseline and assisted generation side by side. Layout and wiring only; the work is in assistgen/."""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from assistgen.catalog import CatalogError, load_catalog  # noqa: E402
+from assistgen.compare import MAX_NEW_TOKENS_LIMIT  # noqa: E402
+from assistgen.render import CSS, LEGEND, LiveView  # noqa: E402
+from assistgen.service import TASK_LABELS, Service, UserError  # noqa: E402
+from assistgen.tasks import LANGUAGES  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INTRO = """# assistgen: assisted generation, side by side
+A small **assistant** model drafts a few tokens; the large **target** model checks them all in **one** forward pass,
+keeps the longest agreeing prefix plus its own next token. Generation is bound by memory bandwidth, so fewer target
+passes means lower latency, with output **identical** to greedy decoding. Pick a task and a pair, then press *Run*:
+the baseline runs first, then assisted generation, and both stream below."""
+
+EXAMPLES = {
+    "chat": [["Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints."],
+             ["Complete this code and explain it briefly:\n\ndef is_palindrome(s: str) -> bool:\n    \"\"\"Return True "
+              "if s reads the same forwards and backwards, ignoring case and non-alphanumeric characters.\"\"\""],
+             ["What is speculative decoding? Answer in three sentences."]],
+    "translation": [["The quick brown fox jumps over the lazy dog.", "French"],
+                    ["Assisted generation makes large language models faster without changing their output.",
+                     "German"]],
+    "summarization": [["Speculative decoding speeds up inference of large language models. A small draft model "
+                       "proposes several tokens, and the large model verifies them in a single forward pass. Tokens "
+                       "that match are kept, and the first mismatch is replaced by the large model's own prediction. "
+                       "Because text generation is limited by memory bandwidth rather than compute, verifying several "
+                       "tokens costs about as much as generating one, so the method can yield a two- to three-fold "
+                       "speedup while producing exactly the same output as the large model alone."]],
+    "asr": [[os.path.join(HERE, "examples", "assisted_generation.wav")]],
+}
+
+
+def _outputs_list(view_out: dict, keys: list[str]) -> list:
+    return [view_out.get(k, gr.skip()) for k in keys]
+
+
+def build_demo(service: Service) -> gr.Blocks:
+    """The whole page. `service` does the work; tests pass one with a catalog of tiny models."""
+    output_keys = ["status", "baseline_html", "baseline_figures", "assisted_html", "assisted_figures", "summary",
+                   "plot", "raw"]
+
+    def make_handler(task: str):
+        def handler(pair, content, language, max_new_tokens, temperature, draft_source, window, schedule,
+                    progress=gr.Progress()):
+            view = LiveView()
+            try:
+                settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
+                                            draft_source=draft_source, num_assistant_tokens=window,
+                                            schedule=schedule)
+                kwargs = {"audio": content} if task == "asr" else {"text": content}
+                for snap in service.stream(task, pair, target_language=language or "French", settings=settings,
+                                           **kwargs):
+                    if snap.phase == "loading":
+                        progress(snap.fraction, desc=snap.message)
+                    yield _outputs_list(view.outputs(snap), output_keys)
+            except UserError as exc:
+                raise gr.Error(str(exc)) from None
+            except KeyError as exc:
+                raise gr.Error(str(exc.args[0] if exc.args else exc)) from None
+            except Exception as exc:  # the server keeps serving; the user learns what happened
+                raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
+        return handler
+
+    def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
+                    temperature: float, draft_source: str) -> dict:
+        """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
+        --json`."""
+        try:
+            settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        draft_source=draft_source or "assistant")
+            return service.run(task, pair, text=text, audio=audio, settings=settings).to_dict()
+        except UserError as exc:
+            raise gr.Error(str(exc)) from None
+        except KeyError as exc:
+            raise gr.Error(str(exc.args[0] if exc.args else exc)) from None
+
+    with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
+        gr.Markdown(INTRO)
+        with gr.Accordion("Settings", open=False):
+            with gr.Row():
+                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="max new tokens")
+                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
+                window = gr.Slider(1, 32, value=5, step=1, label="initial window (num_assistant_tokens)")
+            with gr.Row():
+                draft_source = gr.Radio([("assistant model", "assistant"), ("prompt lookup (no model)",
+                                                                             "prompt_lookup")],
+                                        value="assistant", label="draft source")
+                schedule = gr.Radio(["heuristic", "constant"], value="heuristic", label="window schedule")
+        settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
+        runs = []
+        with gr.Tabs():
+            for task, label in TASK_LABELS.items():
+                with gr.Tab(label, id=task):
+                    choices = service.pair_choices(task)
+                    pair = gr.Dropdown(choices=choices, value=service.default_pair(task), label="model pair",
+                                       elem_id=f"pair-{task}")
+                    if task == "asr":
+                        content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
+                                           label=f"speech (up to {service.max_audio_seconds:.0f} s)",
+                                           elem_id="input-asr")
+                    else:
+                        content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
+                                             placeholder={"chat": "Ask something, or paste code to complete…",
+                                                          "translation": "Text to translate…",
+                                                          "summarization": "Text to summarize…"}[task])
+                    language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into",
+                                           visible=task == "translation")
+                    button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
+                    gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
+                    runs.append((task, button, [pair, content, language]))
+        status = gr.Markdown("Pick a pair, give an input and press *Run*.", elem_id="status")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                gr.Markdown("### Baseline: target alone (runs first)")
+                baseline_html = gr.HTML(elem_id="baseline-output")
+                baseline_figures = gr.Markdown(elem_id="baseline-figures")
+            with gr.Column():
+                gr.Markdown("### Assisted: drafts verified by the target")
+                assisted_html = gr.HTML(elem_id="assisted-output")
+                assisted_figures = gr.Markdown(elem_id="assisted-figures")
+        gr.HTML(LEGEND)
+        summary = gr.HTML(elem_id="summary")
+        plot = gr.Plot(label="per target pass: window, drafted and accepted tokens")
+        with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
+            raw = gr.JSON()
+        outputs = [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
+        for task, button, inputs in runs:
+            button.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs,
+                         concurrency_id="model", concurrency_limit=1, api_visibility="private")
+        # The documented API endpoint: named inputs, one JSON object out.
+        with gr.Column(visible=False):
+            api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
+                          gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
+                          gr.Number(label="temperature"), gr.Textbox(label="draft_source")]
+            api_button = gr.Button("api")
+            api_out = gr.JSON()
+        api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare",
+                         concurrency_id="model", concurrency_limit=1)
+    return demo
+
+
+def queue_and_launch(demo: gr.Blocks, **kwargs):
+    demo.queue(max_size=int(os.environ.get("ASSISTGEN_QUEUE_SIZE", 16)), default_concurrency_limit=1)
+    return demo.launch(max_file_size=os.environ.get("ASSISTGEN_MAX_FILE_SIZE", "25mb"), css=CSS,
+                       theme=gr.themes.Soft(), **kwargs)
+
+
+def main() -> None:
+    try:
+        catalog = load_catalog()
+    except CatalogError as exc:
+        print(f"assistgen: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    queue_and_launch(build_demo(Service(catalog)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Comparison results as HTML, Markdown and a chart: what the app shows. No model code here."""
+from __future__ import annotations
+
+import html
+
+LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
+          "</span> <span class='ag-rej'>rejected draft</span> <span class='ag-base'>baseline token</span></div>")
+
+CSS = """
+.ag-out {font-family: ui-monospace, monospace; white-space: pre-wrap; line-height: 1.7; min-height: 6em;
+         padding: 8px; border-radius: 6px; border: 1px solid var(--border-color-primary);}
+.ag-acc {background: #bbf7d0; color: #14532d; border-radius: 3px;}
+.ag-own {background: #c7d2fe; color: #1e1b4b; border-radius: 3px;}
+.ag-rej {color: #b91c1c; text-decoration: line-through; font-size: 0.8em; opacity: 0.75;}
+.ag-base {background: #e5e7eb; color: #111827; border-radius: 3px;}
+.ag-legend span {padding: 1px 6px; margin-right: 6px;}
+.ag-big {font-size: 1.6em; font-weight: 700;}
+.ag-note {opacity: 0.8;}
+"""
+
+
+def _span(cls: str, text: str, title: str = "") -> str:
+    t = f" title='{html.escape(title, quote=True)}'" if title else ""
+    return f"<span class='{cls}'{t}>{html.escape(text)}</span>"
+
+
+def baseline_html(pieces: list[str]) -> str:
+    body = "".join(_span("ag-base", p) for p in pieces) or "<span class='ag-note'>…</span>"
+    return f"<div class='ag-out'>{body}</div>"
+
+
+def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
+    """`steps` as in Comparison.to_dict(); `pieces[i]` is the text of the i-th emitted token; `draft_piece(id)` the
+    text of a rejected draft token."""
+    out, i = [], 0
+    for n, step in enumerate(steps, 1):
+        title = f"pass {n}: drafted {len(step['drafted'])}, accepted {step['accepted']}"
+        for _ in range(step["accepted"]):
+            out.append(_span("ag-acc", pieces[i], title))
+            i += 1
+        rejected = step["drafted"][step["accepted"]:]
+        if rejected and len(step["emitted"]) > step["accepted"]:
+            out.append(_span("ag-rej", "".join(draft_piece(t) for t in rejected), title + " (rejected)"))
+        if len(step["emitted"]) > step["accepted"]:
+            out.append(_span("ag-own", pieces[i], title))
+            i += 1
+    return f"<div class='ag-out'>{''.join(out) or '…'}</div>"
+
+
+def _fmt(value, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{format(value, spec)}{unit}"
+
+
+def figures_markdown(run: dict, assisted: bool) -> str:
+    rows = [("latency", _fmt(run["latency_s"], ".2f", " s")), ("new tokens", str(run["new_tokens"])),
+            ("tokens / s", _fmt(run["tokens_per_second"], ".2f")), ("target passes", str(run["target_passes"])),
+            ("tokens / pass", _fmt(run["tokens_per_pass"], ".2f"))]
+    if assisted:
+        rows += [("assistant passes", str(run["assistant_passes"])),
+                 ("acceptance rate", _fmt(run["acceptance_rate"], ".0%"))]
+    if run.get("stop_reason") == "max_time":
+        rows.append(("stopped", "time limit: partial output"))
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
+
+
+def summary_html(result: dict) -> str:
+    predicted = result["predicted_speedup"]
+    c = result["cost_ratio"]
+    identical = result["identical"]
+    mark = "✅" if identical else ("🎲" if result["settings"]["temperature"] > 0 else "⚠️")
+    parts = [f"<div><span class='ag-big'>{result['speedup']:.2f}× speedup</span> measured; "
+             f"predicted {_fmt(predicted, '.2f', '×')} from acceptance α = {_fmt(result['assisted']['acceptance_rate'], '.2f')}"
+             f", window k = {_mean_window(result):.1f}, cost ratio c = {_fmt(c, '.2f')} "
+             "using (1−α<sup>k+1</sup>) / ((1−α)(kc+1))</div>",
+             f"<div>{mark} {html.escape(result['identical_note'])}</div>",
+             f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
+             f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix.</div>"]
+    for warning in result.get("warnings", []):
+        parts.append(f"<div class='ag-note'>⚠️ {html.escape(warning)}</div>")
+    if result["mode"] == "different-tokenizer":
+        parts.append(f"<div class='ag-note'>ℹ️ {html.escape(result['mode_reason'])}</div>")
+    return "".join(parts)
+
+
+def _mean_window(result: dict) -> float:
+    drafting = [s for s in result["assisted"]["steps"] if s["drafted"]]
+    return sum(len(s["drafted"]) for s in drafting) / len(drafting) if drafting else 0.0
+
+
+def steps_figure(steps: list[dict]):
+    """Per target pass: the window the schedule asked for, the candidates drafted, and how many were accepted."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 2.6), dpi=100)
+    x = list(range(1, len(steps) + 1))
+    ax.bar(x, [len(s["drafted"]) for s in steps], color="#fecaca", label="drafted")
+    ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="accepted")
+    ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")
+    ax.set_xlabel("target pass")
+    ax.set_ylabel("tokens")
+    ax.legend(loc="upper left", fontsize=8, ncols=3)
+    ax.margins(x=0.01)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+class LiveView:
+    """Turns the service's progress snapshots into the app's outputs, detokenizing each token once."""
+
+    def __init__(self):
+        self._base = self._assisted = None
+        self._steps_seen = 0
+
+    def _detokenizers(self, pair):
+        from .tasks import Detokenizer
+        if self._base is None:
+            self._base, self._assisted = Detokenizer(pair.target.tokenizer), Detokenizer(pair.target.tokenizer)
+        return self._base, self._assisted
+
+    def outputs(self, snap) -> dict:
+        out = {"status": f"**{snap.phase}**: {snap.message}"}
+        if snap.pair is None:
+            return out
+        base, assisted = self._detokenizers(snap.pair)
+        base.feed(snap.baseline_tokens[len(base.tokens):])
+        for step in snap.assisted_steps[self._steps_seen:]:
+            assisted.feed(step.emitted)
+        self._steps_seen = len(snap.assisted_steps)
+        steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window}
+                 for s in snap.assisted_steps]
+        decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
+        out["baseline_html"] = baseline_html(base.pieces)
+        out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)
+        if snap.comparison is not None:
+            result = snap.comparison.to_dict()
+            out.update(baseline_figures=figures_markdown(result["baseline"], False),
+                       assisted_figures=figures_markdown(result["assisted"], True),
+                       summary=summary_html(result), plot=steps_figure(result["assisted"]["steps"]), raw=result,
+                       status=f"**done**: {snap.pair.spec.name}; baseline ran first, then assisted")
+        return out

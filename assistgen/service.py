@@ -1,0 +1,185 @@
+"""What the app and the API do with a request: validate, load, run baseline then assisted, stream the progress.
+
+Gradio-free, so tests drive it directly; app.py only lays out components and turns UserError into gr.Error.
+"""
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .audio import load_audio, max_audio_seconds
+from .catalog import TASKS, Catalog
+from .compare import MAX_NEW_TOKENS_LIMIT, Comparison, Settings, compare
+from .loading import LoadError, LoadedPair, pair_availability
+from .pool import ModelPool
+from .tasks import DEFAULT_MAX_INPUT_TOKENS, InputError, asr_inputs, text_inputs
+
+TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "Summarization",
+               "asr": "Speech recognition"}
+
+
+class UserError(Exception):
+    """Something the user can fix; the message says what to do."""
+
+
+@dataclass
+class Progress:
+    """One snapshot of a running comparison, for streaming."""
+    phase: str                                  # "loading", "baseline", "assisted", "done"
+    message: str = ""
+    fraction: float = 0.0
+    pair: LoadedPair | None = None
+    baseline_tokens: list[int] = field(default_factory=list)
+    assisted_steps: list = field(default_factory=list)
+    comparison: Comparison | None = None
+
+
+class Service:
+    def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, max_input_tokens: int | None = None,
+                 max_time_s: float | None = None):
+        self.catalog = catalog
+        self.pool = pool or ModelPool(catalog)
+        self.max_input_tokens = max_input_tokens or int(os.environ.get("ASSISTGEN_MAX_INPUT_TOKENS",
+                                                                       DEFAULT_MAX_INPUT_TOKENS))
+        self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
+        self.max_audio_seconds = max_audio_seconds()
+        self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
+
+    # --- choices -------------------------------------------------------------------------------------------------
+    def pair_choices(self, task: str) -> list[tuple[str, str]]:
+        """(label, pair name) for a task's dropdown, availability in the label."""
+        choices = []
+        for pair in self.catalog.pairs_for(task):
+            ok, why = pair_availability(pair, self.catalog)
+            choices.append((pair.name if ok else f"{pair.name} (unavailable: {why})", pair.name))
+        return choices
+
+    def default_pair(self, task: str) -> str | None:
+        for label, name in self.pair_choices(task):
+            if label == name:
+                return name
+        return None
+
+    # --- validation ------------------------------------------------------------------------------------------------
+    def settings(self, pair_name: str, *, max_new_tokens=None, temperature=0.0, draft_source="assistant",
+                 num_assistant_tokens=None, schedule=None, seed=0) -> Settings:
+        spec = self.catalog.pair(pair_name)
+
+        def number(name, value, kind):
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise UserError(f"{name} must be a number, got {value!r}") from None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise UserError(f"{name} must be a number, got {value!r}")
+            if kind is int:
+                if value != int(value):
+                    raise UserError(f"{name} must be a whole number, got {value!r}")
+                value = int(value)
+            return value
+
+        max_new_tokens = spec.max_new_tokens if max_new_tokens is None else number("max_new_tokens", max_new_tokens,
+                                                                                     int)
+        window = spec.num_assistant_tokens if num_assistant_tokens is None else number("initial window",
+                                                                                      num_assistant_tokens, int)
+        settings = Settings(max_new_tokens=max_new_tokens, temperature=float(number("temperature", temperature, float)),
+                            draft_source=draft_source, num_assistant_tokens=window, schedule=schedule or spec.schedule,
+                            seed=int(number("seed", seed, int)), max_time_s=self.max_time_s)
+        try:
+            return settings.validate()
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def _check_request(self, task: str, pair_name: str) -> None:
+        if task not in TASKS:
+            raise UserError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+        try:
+            spec = self.catalog.pair(pair_name)
+        except KeyError:
+            raise UserError(f"unknown pair {pair_name!r}; pick one from the list") from None
+        if task not in spec.tasks:
+            raise UserError(f"pair {pair_name!r} does not do {TASK_LABELS[task].lower()}; pick another pair")
+        ok, why = pair_availability(spec, self.catalog)
+        if not ok:
+            raise UserError(f"pair {pair_name!r} is unavailable: {why}. Pick another pair.")
+
+    # --- running -------------------------------------------------------------------------------------------------
+    def stream(self, task: str, pair_name: str, *, text: str | None = None, audio: str | None = None,
+               target_language: str = "French", settings: Settings) -> Iterator[Progress]:
+        """Validate, load (with progress), run baseline then assisted; yield snapshots as steps arrive."""
+        self._check_request(task, pair_name)
+        samples = None
+        if task == "asr":
+            try:
+                samples = load_audio(audio, max_seconds=self.max_audio_seconds)
+            except InputError as exc:
+                raise UserError(str(exc)) from None
+        elif not isinstance(text, str) or not text.strip():
+            raise UserError("the text is empty: type or paste something first")
+        events: queue.Queue = queue.Queue()
+        state = Progress("loading", "waiting for the model worker")
+        yield state
+
+        def work():
+            try:
+                with self._lock:
+                    pair = self.pool.pair(pair_name, lambda f, m: events.put(("loading", f, m)))
+                    inputs = asr_inputs(pair, samples) if task == "asr" else text_inputs(
+                        pair, task, text, target_language=target_language, max_input_tokens=self.max_input_tokens)
+                    events.put(("pair", pair, None))
+                    result = compare(pair, task, inputs, settings,
+                                     on_baseline_step=lambda s: events.put(("baseline", s, None)),
+                                     on_assisted_step=lambda s: events.put(("assisted", s, None)))
+                events.put(("done", result, None))
+            except InputError as exc:
+                events.put(("error", UserError(str(exc)), None))
+            except LoadError as exc:
+                events.put(("error", UserError(f"could not load pair {pair_name!r}: {exc}"), None))
+            except MemoryError:
+                events.put(("error", UserError("the server ran out of memory; try a shorter input or fewer "
+                                                "max_new_tokens"), None))
+            except BaseException as exc:  # reported to the user; the server keeps serving
+                events.put(("error", exc, None))
+
+        worker = threading.Thread(target=work, daemon=True, name="assistgen-compare")
+        worker.start()
+        while True:
+            kind, payload, extra = events.get()
+            while kind in ("baseline", "assisted") and not events.empty():  # coalesce bursts into one update
+                self._apply(state, kind, payload, extra)
+                kind, payload, extra = events.get()
+            if kind == "error":
+                worker.join()
+                raise payload
+            self._apply(state, kind, payload, extra)
+            yield state
+            if kind == "done":
+                worker.join()
+                return
+
+    @staticmethod
+    def _apply(state: Progress, kind: str, payload, extra) -> None:
+        if kind == "loading":
+            state.phase, state.fraction, state.message = "loading", payload, extra
+        elif kind == "pair":
+            state.pair, state.phase, state.message = payload, "baseline", "baseline running (it runs first)"
+        elif kind == "baseline":
+            state.baseline_tokens.extend(payload.emitted)
+        elif kind == "assisted":
+            if state.phase != "assisted":
+                state.phase, state.message = "assisted", "assisted generation running (baseline finished)"
+            state.assisted_steps.append(payload)
+        elif kind == "done":
+            state.phase, state.message, state.comparison = "done", "done", payload
+
+    def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
+        """The whole comparison, without streaming (CLI-like API use)."""
+        last = None
+        for last in self.stream(task, pair_name, **kwargs):
+            pass
+        return last.comparison
