@@ -149,9 +149,10 @@ def build_demo(service: Service) -> gr.Blocks:
 
 
 def queue_and_launch(demo: gr.Blocks, **kwargs):
+    """Model work runs one request at a time, behind a bounded queue; uploads are capped server-side."""
     demo.queue(max_size=int(os.environ.get("ASSISTGEN_QUEUE_SIZE", 16)), default_concurrency_limit=1)
-    return demo.launch(max_file_size=os.environ.get("ASSISTGEN_MAX_FILE_SIZE", "25mb"), css=CSS,
-                       theme=gr.themes.Soft(), **kwargs)
+    kwargs.setdefault("max_file_size", os.environ.get("ASSISTGEN_MAX_FILE_SIZE", "25mb"))
+    return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
 
 
 def main() -> None:

@@ -1,12 +1,52 @@
 import os
+import socket
 import sys
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(ROOT))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_catalog_path(tmp_path_factory):
+    from tiny_catalog import build_tiny_catalog
+    return build_tiny_catalog(tmp_path_factory.mktemp("tiny-catalog"))
+
+
+@pytest.fixture(scope="session")
+def tiny_app(tiny_catalog_path):
+    """The real app, launched in-process on the tiny catalog; yields (url, service)."""
+    import app
+    from assistgen.catalog import load_catalog
+    from assistgen.service import Service
+    service = Service(load_catalog(tiny_catalog_path))
+    demo = app.build_demo(service)
+    app.queue_and_launch(demo, prevent_thread_lock=True, server_port=free_port(), quiet=True, max_file_size="2mb")
+    yield demo.local_url, service
+    demo.close()
+
+
+def speech_wav(path: Path, text: str = "Assisted generation makes large language models faster.",
+               rate: int = 16000, channels: int = 1, bits: int = 16) -> Path:
+    """Speech from espeak-ng, converted by sox."""
+    import subprocess
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-s", "160", "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), "-b", str(bits), str(path)], check=True)
+    raw.unlink()
+    return path

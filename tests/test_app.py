@@ -1,0 +1,128 @@
+"""The app, launched in-process on tiny random models and driven through gradio_client's /compare endpoint."""
+import numpy as np
+import pytest
+import soundfile as sf
+from gradio_client import Client, handle_file
+
+from conftest import speech_wav
+
+TEXT_TASKS = ["chat", "translation", "summarization"]
+
+
+@pytest.fixture(scope="module")
+def client(tiny_app):
+    url, _ = tiny_app
+    return Client(url, verbose=False)
+
+
+def compare(client, task="chat", pair="tiny-text", text="hello there", audio=None, max_new_tokens=8,
+            temperature=0, draft_source="assistant"):
+    return client.predict(task=task, pair=pair, text=text, audio=audio, max_new_tokens=max_new_tokens,
+                          temperature=temperature, draft_source=draft_source, api_name="/compare")
+
+
+def assert_figures(result):
+    for run in ("baseline", "assisted"):
+        for key in ("text", "latency_s", "new_tokens", "target_passes", "tokens_per_pass", "acceptance_rate"):
+            assert key in result[run]
+        assert result[run]["new_tokens"] >= 1
+        assert result[run]["target_passes"] >= 1
+    assert result["speedup"] > 0 and result["ran_first"] == "baseline"
+
+
+@pytest.mark.parametrize("task", TEXT_TASKS)
+def test_compare_endpoint_runs_every_text_task(client, task):
+    result = compare(client, task=task, text="The quick brown fox jumps over the lazy dog.")
+    assert_figures(result)
+    assert result["task"] == task and result["pair"] == "tiny-text"
+    assert result["identical"] is True
+    assert result["assisted"]["acceptance_rate"] is not None
+
+
+def test_compare_endpoint_transcribes_speech(client, tmp_path):
+    wav = speech_wav(tmp_path / "speech.wav")
+    result = compare(client, task="asr", pair="tiny-speech", text=None, audio=handle_file(str(wav)))
+    assert_figures(result)
+    assert result["identical"] is True
+
+
+def test_prompt_lookup_and_sampling_through_the_api(client):
+    result = compare(client, text="def f(x): return x\ndef f(x): return x\ndef f(", draft_source="prompt_lookup")
+    assert result["draft_source"] == "prompt_lookup" and result["identical"]
+    sampled = compare(client, temperature=0.8)
+    assert "sampling" in sampled["identical_note"]
+
+
+def expect_error(client, needle, **kwargs):
+    with pytest.raises(Exception) as info:
+        compare(client, **kwargs)
+    assert needle in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"text": ""}, "the text is empty"),
+    ({"text": "   \n\t "}, "the text is empty"),
+    ({"text": "word " * 30000}, "limit"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a whole number from 1 to"),
+    ({"max_new_tokens": -3}, "max_new_tokens must be a whole number from 1 to"),
+    ({"max_new_tokens": 10**6}, "max_new_tokens must be a whole number from 1 to"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number"),
+    ({"temperature": 5}, "temperature must be a number from 0 (greedy) to 2"),
+    ({"temperature": "nan"}, "temperature must be a number"),
+    ({"max_new_tokens": "many"}, "max_new_tokens must be a number"),
+    ({"pair": "no-such-pair"}, "unknown pair 'no-such-pair'"),
+    ({"pair": "tiny-missing"}, "unavailable"),
+    ({"task": "poetry"}, "unknown task 'poetry'"),
+    ({"task": "asr", "pair": "tiny-text"}, "does not do speech recognition"),
+    ({"draft_source": "oracle"}, "draft source must be one of"),
+])
+def test_bad_text_inputs_get_a_clear_error_and_the_server_keeps_serving(client, kwargs, needle):
+    expect_error(client, needle, **kwargs)
+    assert compare(client)["identical"] is True
+
+
+def _write(path, samples, rate, subtype=None):
+    sf.write(str(path), samples, rate, subtype=subtype)
+    return handle_file(str(path))
+
+
+def test_audio_errors_are_clear_and_the_server_keeps_serving(client, tmp_path):
+    asr = {"task": "asr", "pair": "tiny-speech", "text": None}
+    expect_error(client, "no audio", audio=None, **asr)
+    fake = tmp_path / "notes.wav"
+    fake.write_text("this is not audio at all")
+    expect_error(client, "is not audio this app can decode", audio=handle_file(str(fake)), **asr)
+    good = speech_wav(tmp_path / "good.wav")
+    truncated = tmp_path / "truncated.wav"
+    truncated.write_bytes(good.read_bytes()[:40])
+    expect_error(client, "truncated", audio=handle_file(str(truncated)), **asr)
+    expect_error(client, "the limit is 30 s", audio=_write(tmp_path / "long.wav",
+                                                          np.full(16000 * 31, 0.1, np.float32), 16000), **asr)
+    expect_error(client, "record at least", audio=_write(tmp_path / "short.wav", np.full(800, 0.1, np.float32),
+                                                         16000), **asr)
+    expect_error(client, "silent", audio=_write(tmp_path / "zeros.wav", np.zeros(16000, np.float32), 16000), **asr)
+    assert compare(client, audio=handle_file(str(good)), **asr)["identical"] is True
+
+
+def test_stereo_48k_float_and_8_bit_audio_are_converted(client, tmp_path):
+    speech = speech_wav(tmp_path / "base.wav")
+    samples, rate = sf.read(str(speech), dtype="float32")
+    import soxr
+    at48 = soxr.resample(samples, rate, 48000)
+    stereo = _write(tmp_path / "stereo.wav", np.stack([at48, at48 * 0.5], axis=1), 48000, "FLOAT")
+    eight_bit = _write(tmp_path / "u8.wav", samples, rate, "PCM_U8")
+    for audio in (stereo, eight_bit):
+        result = compare(client, task="asr", pair="tiny-speech", text=None, audio=audio)
+        assert result["identical"] is True
+
+
+def test_uploads_over_max_file_size_are_refused_by_the_server(client, tiny_app, tmp_path):
+    import httpx
+    url, _ = tiny_app
+    big = tmp_path / "big.wav"
+    sf.write(str(big), np.full(16000 * 80, 0.1, np.float32), 16000, "FLOAT")  # ~5 MB > the test's 2 MB cap
+    with open(big, "rb") as f:  # straight to the server, past the client's own check
+        response = httpx.post(url + "gradio_api/upload", files={"files": ("big.wav", f)})
+    assert response.status_code == 413
+    assert "maximum allowed size" in response.text
+    assert compare(client)["identical"] is True
