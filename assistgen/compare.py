@@ -140,6 +140,8 @@ def _generate(pair: LoadedPair, inputs: dict, settings: Settings, assisted: bool
     if assisted:
         if draft_source == "assistant":
             kwargs["assistant_model"] = pair.assistant.model
+            if pair.mode == "different-tokenizer":
+                kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
         else:
             kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
     return generate(pair.target.model, inputs, max_new_tokens=settings.max_new_tokens,
@@ -155,7 +157,7 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
         generate(pair.target.model, inputs, max_new_tokens=2)
         pair.target.warm = True
     if pair.assistant is not None and pair.assistant_usable and not pair.assistant.warm:
-        generate(pair.target.model, inputs, assistant_model=pair.assistant.model, max_new_tokens=3)
+        _generate(pair, inputs, Settings(max_new_tokens=3), True, None, "assistant")
         pair.assistant.warm = True
 
 

@@ -12,7 +12,8 @@ from typing import Callable
 
 import torch
 
-from .drafting import AssistantCandidates, CandidateGenerator, PromptLookupCandidates
+from .drafting import (AssistantCandidates, CandidateGenerator, DifferentTokenizerCandidates, PromptLookupCandidates,
+                       translate_prefix)
 from .kv import CachedDecoder
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import make_schedule
@@ -104,16 +105,42 @@ def _max_positions(model) -> int | None:
     return None
 
 
+def _different_tokenizer_candidates(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer):
+    """The assistant reads the same input in its own vocabulary; its own encoder runs once on the same features."""
+    drop: set[str] = set()
+    if model.config.is_encoder_decoder:
+        if not assistant_model.config.is_encoder_decoder:
+            raise ValueError("a different-tokenizer assistant for an encoder-decoder target must have its own encoder")
+        if "input_features" in inputs and assistant_model.config.num_mel_bins != inputs["input_features"].shape[1]:
+            raise ValueError("the assistant expects other audio features than the target "
+                             f"({assistant_model.config.num_mel_bins} vs {inputs['input_features'].shape[1]} mel bins)")
+        if not getattr(assistant_model.generation_config, "is_multilingual", True):
+            # An English-only Whisper has no language or task token in its forced prefix.
+            lang = getattr(model.generation_config, "lang_to_id", None) or {}
+            drop = set(lang) | {"<|transcribe|>", "<|translate|>"}
+        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer, drop=drop)
+        assistant_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
+        assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])
+    else:
+        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer)
+        assistant_inputs = {"input_ids": torch.tensor([assistant_prefix])}
+    return DifferentTokenizerCandidates(
+        CachedDecoder(assistant_model, assistant_inputs, prefix_length=len(assistant_prefix)), assistant_prefix,
+        len(prefix), tokenizer, assistant_tokenizer, eos, _eos_ids(assistant_model, None))
+
+
 def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tokens: int = 0,
              max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              seed: int | None = None, num_assistant_tokens: int = 5,
              num_assistant_tokens_schedule: str = "heuristic", eos_token_id: int | list[int] | None = None,
              on_step: Callable[[Step], None] | None = None, max_time_s: float | None = None,
-             candidate_generator: CandidateGenerator | None = None) -> GenerationResult:
+             candidate_generator: CandidateGenerator | None = None, tokenizer=None,
+             assistant_tokenizer=None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens for one sequence (batch size 1).
 
-    Drafts come from `assistant_model` (same tokenizer), from prompt lookup (`prompt_lookup_num_tokens` > 0), from an
-    explicit `candidate_generator`, or from nowhere (baseline). `on_step` is called after every target pass.
+    Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
+    `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0), from an explicit
+    `candidate_generator`, or from nowhere (baseline). `on_step` is called after every target pass.
     Generation stops after an EOS token, at exactly `max_new_tokens`, or when `max_time_s` has passed.
     """
     if max_new_tokens < 1:
@@ -124,7 +151,12 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     prefix = _decoder_prefix(model, inputs)
     eos = _eos_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
-    if assistant_model is not None:
+    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
+    if assistant_model is not None and tokenizer is not None:
+        candidate_generator = _different_tokenizer_candidates(model, assistant_model, inputs, prefix, eos, tokenizer,
+                                                              assistant_tokenizer)
+    elif assistant_model is not None:
         candidate_generator = AssistantCandidates(
             CachedDecoder(assistant_model, inputs, prefix_length=len(prefix), encoder_outputs=target.encoder_outputs),
             eos)

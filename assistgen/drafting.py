@@ -65,3 +65,77 @@ class PromptLookupCandidates:
                 if tokens[start:start + n] == ngram:
                     return tokens[start + n:start + n + num_candidates], None
         return [], None
+
+
+class DifferentTokenizerCandidates:
+    """An assistant with its own tokenizer (transformers' "universal assisted generation").
+
+    Each step: the text the target has generated so far is re-tokenized for the assistant (its KV cache keeps the
+    longest prefix that did not change), the assistant drafts greedily in its own vocabulary, and the draft text is
+    re-tokenized for the target. Only target tokens beyond the text the two already share become candidates, and the
+    last one is dropped when it may be a cut-off word. The target verifies as usual, so greedy output is unchanged;
+    with sampling the candidates are treated as deterministic proposals, which keeps sampling exact.
+    """
+
+    def __init__(self, assistant: CachedDecoder, assistant_prefix: list[int], target_prefix_length: int,
+                 target_tokenizer, assistant_tokenizer, target_eos: set[int], assistant_eos: set[int]):
+        self.assistant = assistant
+        self.assistant_prefix = assistant_prefix
+        self.target_prefix_length = target_prefix_length
+        self.target_tokenizer = target_tokenizer
+        self.assistant_tokenizer = assistant_tokenizer
+        self.target_eos = target_eos
+        self.assistant_eos = assistant_eos
+
+    @property
+    def passes(self) -> int:
+        return self.assistant.passes
+
+    def get_candidates(self, tokens, num_candidates, sampler):
+        generated = tokens[self.target_prefix_length:]
+        text = self.target_tokenizer.decode(generated, skip_special_tokens=True)
+        assistant_tokens = self.assistant_prefix + self.assistant_tokenizer.encode(text, add_special_tokens=False)
+        drafts: list[int] = []
+        ended = False
+        for _ in range(num_candidates):
+            token = int(self.assistant.logits(assistant_tokens + drafts)[0].argmax())
+            if token in self.assistant_eos:
+                ended = True
+                break
+            drafts.append(token)
+        draft_text = self.assistant_tokenizer.decode(drafts, skip_special_tokens=True)
+        full = self.target_tokenizer.encode(text + draft_text, add_special_tokens=False)
+        if full[:len(generated)] == generated:
+            candidates = full[len(generated):]
+        else:  # the re-tokenized text no longer splits where the target's tokens do: propose the draft alone
+            candidates = self.target_tokenizer.encode(draft_text, add_special_tokens=False)
+        if ended:
+            candidates = candidates[:num_candidates - 1] + [min(self.target_eos)] if self.target_eos else candidates
+        elif len(candidates) > 1:
+            candidates = candidates[:-1]
+        return candidates[:num_candidates], None
+
+
+def translate_prefix(prefix: list[int], target_tokenizer, assistant_tokenizer, *, drop: set[str] = frozenset()) -> list[int]:
+    """A prompt or forced decoder prefix in the assistant's vocabulary: special tokens map by name (those in `drop`
+    or unknown to the assistant are left out), text is decoded and re-encoded."""
+    out: list[int] = []
+    specials = set(target_tokenizer.all_special_ids)
+    text: list[int] = []
+
+    def flush():
+        if text:
+            out.extend(assistant_tokenizer.encode(target_tokenizer.decode(text), add_special_tokens=False))
+            text.clear()
+
+    vocab = assistant_tokenizer.get_vocab()
+    for token in prefix:
+        name = target_tokenizer.convert_ids_to_tokens(token)
+        if token in specials or (name in vocab and name.startswith("<|") and name.endswith("|>")):
+            flush()
+            if name not in drop and name in vocab:
+                out.append(vocab[name])
+        else:
+            text.append(token)
+    flush()
+    return out

@@ -59,7 +59,7 @@ class LoadedPair:
 
     @property
     def assistant_usable(self) -> bool:
-        return self.mode == "same-tokenizer"
+        return self.mode in ("same-tokenizer", "different-tokenizer")
 
 
 def default_device() -> torch.device:
@@ -280,8 +280,8 @@ def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | Non
                         "or the reverse")
     mode, reason = tokenizer_mode(target.tokenizer, assistant.tokenizer)
     if mode != "same-tokenizer":
-        reason = (f"{reason}: different-tokenizer assistants are not supported yet, so this pair runs the "
-                  "assistant-free draft source (prompt lookup) instead")
+        reason = (f"different tokenizers ({reason}): the assistant drafts text in its own vocabulary, which is "
+                  "re-tokenized for the target at every step; the target still decides every token")
     ratio = target.num_parameters / max(1, assistant.num_parameters)
     if ratio < PARAMETER_RATIO_WARNING:
         warnings.append(f"the assistant is only {ratio:.1f}x smaller than the target ({assistant.num_parameters/1e6:,.0f}M"

@@ -242,3 +242,59 @@ def test_max_time_returns_partial_output():
     result = generate(target, inputs, max_new_tokens=200, max_time_s=0.0)
     assert result.stop_reason == "max_time"
     assert 1 <= len(result.new_tokens) < 200
+
+
+def _text_prompt(tokenizer, text="def fibonacci(n):\n    return"):
+    ids = tokenizer(text, return_tensors="pt")
+    return {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"]}
+
+
+def test_different_tokenizer_assistant_keeps_greedy_output():
+    from tiny_catalog import permuted_tokenizer, text_tokenizer
+    tokenizer = text_tokenizer()
+    other, _ = permuted_tokenizer(tokenizer, seed=3)
+    target = tm.qwen2(0, vocab=320, init=0.2)
+    assistant = tm.qwen2(1, vocab=320, layers=1, init=0.2)
+    inputs = _text_prompt(tokenizer)
+    baseline = generate(target, inputs, max_new_tokens=30)
+    assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=other,
+                        max_new_tokens=30)
+    assert assisted.new_tokens == baseline.new_tokens == transformers_greedy(target, inputs, 30)
+    assert assisted.assistant_passes > 0
+
+
+def test_different_tokenizer_assistant_that_knows_the_text_is_accepted():
+    """An assistant computing the same function of text as the target, through a shuffled vocabulary: its drafts,
+    re-tokenized, are exactly what the target writes. Byte tokens and printable ASCII keep the round trip exact."""
+    from tiny_catalog import byte_tokenizer, non_ascii_ids, permuted_model, permuted_tokenizer
+    tokenizer = byte_tokenizer()
+    other, perm = permuted_tokenizer(tokenizer, seed=3)
+    target = tm.qwen2(0, vocab=len(tokenizer), init=0.2)
+    target.generation_config.suppress_tokens = non_ascii_ids(tokenizer)
+    assistant = permuted_model(target, perm)
+    assistant.generation_config.suppress_tokens = non_ascii_ids(other)
+    inputs = _text_prompt(tokenizer)
+    baseline = generate(target, inputs, max_new_tokens=40)
+    assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=other,
+                        max_new_tokens=40)
+    assert assisted.new_tokens == baseline.new_tokens
+    assert assisted.acceptance_rate == 1.0
+    assert assisted.tokens_per_pass > 3
+
+
+def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
+    from tiny_catalog import whisper_tokenizer
+    tokenizer = whisper_tokenizer()
+    vocab = len(tokenizer)
+    target = tm.whisper(0)
+    target.resize_token_embeddings(vocab)
+    assistant = tm.whisper(1, layers=1)
+    assistant.resize_token_embeddings(vocab)
+    sot, en, transcribe, nots = tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])
+    inputs = {"input_features": tm.whisper_inputs(0)["input_features"], "decoder_input_ids": torch.tensor([[sot, en,
+                                                                                                     transcribe, nots]])}
+    baseline = generate(target, inputs, max_new_tokens=20)
+    assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
+                        max_new_tokens=20)
+    assert assisted.new_tokens == baseline.new_tokens

@@ -101,3 +101,56 @@ pairs:
     prompt_style: chat_template
 """)
     return catalog
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level, no merges: every token sequence of printable ASCII decodes and re-encodes to itself."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def non_ascii_ids(tokenizer) -> list[int]:
+    """Ids of every token that is not one printable ASCII character."""
+    def printable(i: int) -> bool:
+        text = tokenizer.decode([i])
+        return len(text) == 1 and 32 <= ord(text) < 127 and i not in tokenizer.all_special_ids
+    return [i for i in tokenizer.get_vocab().values() if not printable(i)]
+
+
+def permuted_tokenizer(tokenizer: PreTrainedTokenizerFast, seed: int):
+    """The same tokenizer with its token ids shuffled: a different vocabulary mapping for the same text pieces.
+
+    Returns (tokenizer, perm) with perm[old_id] = new_id.
+    """
+    import json
+    import random
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    ids = sorted(vocab.values())
+    shuffled = ids[:]
+    random.Random(seed).shuffle(shuffled)
+    perm = dict(zip(ids, shuffled))
+    spec["model"]["vocab"] = {piece: perm[i] for piece, i in vocab.items()}
+    for added in spec["added_tokens"]:
+        added["id"] = perm.setdefault(added["id"], added["id"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
+    fast.chat_template = tokenizer.chat_template
+    return fast, perm
+
+
+def permuted_model(model, perm: dict[int, int]):
+    """`model` re-indexed so that token old_id lives at perm[old_id]: the same function of text."""
+    import copy
+    clone = copy.deepcopy(model)
+    index = torch.arange(model.config.vocab_size)
+    for old, new in perm.items():
+        index[new] = old
+    with torch.no_grad():
+        clone.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight[index])
+        clone.get_output_embeddings().weight.copy_(model.get_output_embeddings().weight[index])
+    return clone
