@@ -42,12 +42,12 @@ def test_pair_check_warns_when_the_assistant_is_not_much_smaller(tiny_catalog_pa
     assert any("only 1.0x smaller" in w for w in pair.warnings)
 
 
-def test_pair_check_refuses_a_different_tokenizer_assistant_with_a_reason(tiny_catalog_path):
+def test_pair_check_explains_a_different_tokenizer_pair(tiny_catalog_path):
     spec = load_catalog(tiny_catalog_path).pair("tiny-text")
     pair = check_pair(spec, _loaded("t", tm.qwen2(0, vocab=320), text_tokenizer()),
                       _loaded("a", tm.qwen2(1, vocab=320), whisper_tokenizer()))
-    assert pair.mode == "different-tokenizer" and not pair.assistant_usable
-    assert "vocabularies differ" in pair.mode_reason
+    assert pair.mode == "different-tokenizer" and pair.assistant_usable
+    assert "vocabularies differ" in pair.mode_reason and "re-tokenized" in pair.mode_reason
 
 
 def test_pair_check_refuses_incompatible_encoder_decoder_shapes(tiny_catalog_path):
