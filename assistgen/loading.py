@@ -231,6 +231,11 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
                 raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         model.eval()
+        params, nbytes = _count(model)
+        if (device.type == "cpu" and dtype == torch.float32 and spec.quantization == "none"
+                and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"):
+            from .cpu import use_onednn_linears
+            use_onednn_linears(model)
     except LoadError as exc:
         _failures[spec.name] = str(exc)
         raise
@@ -245,7 +250,6 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         if spec.source == "hub":
             _failures[spec.name] = f"{spec.location}: cannot be fetched from the hub ({reason})"
         raise LoadError(f"{spec.name}: {reason}") from None
-    params, nbytes = _count(model)
     progress(1.0, f"{spec.name}: ready")
     return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started)
 
