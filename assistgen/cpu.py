@@ -48,3 +48,13 @@ def use_onednn_linears(model: nn.Module) -> int:
                 setattr(module, child_name, OneDNNLinear(child))
                 swapped += 1
     return swapped
+
+
+def materialize(model: nn.Module, *, onednn: bool) -> None:
+    """Move memory-mapped weights into process memory, once: linear layers into oneDNN's layout when `onednn`,
+    every other parameter by a plain copy."""
+    if onednn:
+        use_onednn_linears(model)
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            param.data = param.data.clone()

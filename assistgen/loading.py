@@ -232,10 +232,9 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         model.eval()
         params, nbytes = _count(model)
-        if (device.type == "cpu" and dtype == torch.float32 and spec.quantization == "none"
-                and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"):
-            from .cpu import use_onednn_linears
-            use_onednn_linears(model)
+        if device.type == "cpu" and spec.quantization == "none":
+            from .cpu import materialize
+            materialize(model, onednn=dtype == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
     except LoadError as exc:
         _failures[spec.name] = str(exc)
         raise
