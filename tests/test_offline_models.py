@@ -1,0 +1,75 @@
+"""Integration tests on the real offline weights (select with -m offline_models)."""
+import re
+
+import pytest
+
+from assistgen.catalog import load_catalog
+from assistgen.compare import Settings, compare
+from assistgen.loading import pair_availability
+from assistgen.tasks import asr_inputs, text_inputs
+from conftest import free_port, speech_wav
+
+pytestmark = pytest.mark.offline_models
+CHAT = "qwen2.5-coder-1.5b+0.5b"
+SPEECH = "whisper-base+tiny.en"
+PROMPTS = ["Write a Python function that returns the n-th Fibonacci number iteratively.",
+           "Translate the following text into French. Reply with the translation only.\n\nThe cat sleeps on the warm "
+           "windowsill."]
+
+
+@pytest.fixture(scope="session")
+def real_service():
+    from assistgen.service import Service
+    catalog = load_catalog()
+    for name in (CHAT, SPEECH):
+        ok, why = pair_availability(catalog.pair(name), catalog)
+        if not ok:
+            pytest.skip(f"offline weights not installed: {why}")
+    return Service(catalog)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z ]", "", text.lower()).split()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_qwen_assisted_greedy_equals_baseline(real_service, prompt):
+    pair = real_service.pool.pair(CHAT)
+    assert pair.mode == "same-tokenizer"
+    result = compare(pair, "chat", text_inputs(pair, "chat", prompt), Settings(max_new_tokens=40))
+    assert result.identical, (result.baseline_text, result.assisted_text)
+    assert result.assisted.acceptance_rate > 0.3
+    assert result.assisted.target_passes < result.baseline.target_passes
+
+
+def test_whisper_base_transcribes_an_espeak_clip(real_service, tmp_path):
+    from assistgen.audio import load_audio
+    pair = real_service.pool.pair(SPEECH)
+    clip = speech_wav(tmp_path / "clip.wav", "Assisted generation makes large language models faster.")
+    result = compare(pair, "asr", asr_inputs(pair, load_audio(clip)), Settings(max_new_tokens=40))
+    assert words(result.baseline_text) == "assisted generation makes large language models faster".split()
+    assert result.identical
+    assert pair.mode == "different-tokenizer"
+    assert result.assisted.acceptance_rate > 0.5  # tiny.en's drafts, re-tokenized for base, are mostly right
+
+
+@pytest.fixture(scope="session")
+def real_app(real_service):
+    import app
+    demo = app.build_demo(real_service)
+    app.queue_and_launch(demo, prevent_thread_lock=True, server_port=free_port(), quiet=True)
+    yield demo.local_url
+    demo.close()
+
+
+def test_app_compares_chat_and_speech_on_the_real_pairs(real_app, tmp_path):
+    from gradio_client import Client, handle_file
+    client = Client(real_app, verbose=False)
+    chat = client.predict(task="chat", pair=CHAT, text="def fibonacci(n):", audio=None, max_new_tokens=24,
+                          temperature=0, draft_source="assistant", api_name="/compare")
+    assert chat["identical"] and chat["assisted"]["tokens_per_pass"] > 1
+    clip = speech_wav(tmp_path / "clip.wav", "The quick brown fox jumps over the lazy dog.")
+    speech = client.predict(task="asr", pair=SPEECH, text=None, audio=handle_file(str(clip)), max_new_tokens=40,
+                            temperature=0, draft_source="assistant", api_name="/compare")
+    assert {"fox", "lazy", "dog"} <= set(words(speech["baseline"]["text"]))
+    assert speech["identical"]
