@@ -135,7 +135,8 @@ def build_demo(service: Service) -> gr.Blocks:
         outputs = [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
         for task, button, inputs in runs:
             button.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs,
-                         concurrency_id="model", concurrency_limit=1, api_visibility="private")
+                         concurrency_id="model", concurrency_limit=1, api_visibility="private",
+                         show_progress_on=[status])
         # The documented API endpoint: named inputs, one JSON object out.
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),

@@ -60,25 +60,26 @@ def figures_markdown(run: dict, assisted: bool) -> str:
                  ("acceptance rate", _fmt(run["acceptance_rate"], ".0%"))]
     if run.get("stop_reason") == "max_time":
         rows.append(("stopped", "time limit: partial output"))
-    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
+    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
 
 
 def summary_html(result: dict) -> str:
     predicted = result["predicted_speedup"]
     c = result["cost_ratio"]
     identical = result["identical"]
-    mark = "✅" if identical else ("🎲" if result["settings"]["temperature"] > 0 else "⚠️")
+    mark = "Same output:" if identical else ("Sampling:" if result["settings"]["temperature"] > 0 else "Differs:")
     parts = [f"<div><span class='ag-big'>{result['speedup']:.2f}× speedup</span> measured; "
              f"predicted {_fmt(predicted, '.2f', '×')} from acceptance α = {_fmt(result['assisted']['acceptance_rate'], '.2f')}"
              f", window k = {_mean_window(result):.1f}, cost ratio c = {_fmt(c, '.2f')} "
-             "using (1−α<sup>k+1</sup>) / ((1−α)(kc+1))</div>",
-             f"<div>{mark} {html.escape(result['identical_note'])}</div>",
+             "using (1−α<sup>k+1</sup>) / ((1−α)(kc+1)), which counts decoder passes only (not the prompt pass "
+             "or an encoder)</div>",
+             f"<div><b>{mark}</b> {html.escape(result['identical_note'])}</div>",
              f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
              f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix.</div>"]
     for warning in result.get("warnings", []):
-        parts.append(f"<div class='ag-note'>⚠️ {html.escape(warning)}</div>")
+        parts.append(f"<div class='ag-note'><b>Note:</b> {html.escape(warning)}</div>")
     if result["mode"] == "different-tokenizer":
-        parts.append(f"<div class='ag-note'>ℹ️ {html.escape(result['mode_reason'])}</div>")
+        parts.append(f"<div class='ag-note'><b>Pair:</b> {html.escape(result['mode_reason'])}</div>")
     return "".join(parts)
 
 
@@ -99,7 +100,8 @@ def steps_figure(steps: list[dict]):
     ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")
     ax.set_xlabel("target pass")
     ax.set_ylabel("tokens")
-    ax.legend(loc="upper left", fontsize=8, ncols=3)
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=8, ncols=3, frameon=False)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.margins(x=0.01)
     fig.tight_layout()
     plt.close(fig)
@@ -121,8 +123,9 @@ class LiveView:
 
     def outputs(self, snap) -> dict:
         out = {"status": f"**{snap.phase}**: {snap.message}"}
-        if snap.pair is None:
-            return out
+        if snap.pair is None:  # a new run: clear the previous one's results
+            return {**out, "baseline_html": "", "assisted_html": "", "baseline_figures": "", "assisted_figures": "",
+                    "summary": "", "plot": None, "raw": None}
         base, assisted = self._detokenizers(snap.pair)
         base.feed(snap.baseline_tokens[len(base.tokens):])
         for step in snap.assisted_steps[self._steps_seen:]:

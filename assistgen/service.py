@@ -8,6 +8,7 @@ import math
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -48,6 +49,7 @@ class Service:
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
         self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
+        self.update_interval_s = 0.3
 
     # --- choices -------------------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
@@ -150,9 +152,18 @@ class Service:
         worker.start()
         while True:
             kind, payload, extra = events.get()
-            while kind in ("baseline", "assisted") and not events.empty():  # coalesce bursts into one update
+            # Coalesce steps into a few updates a second: rendering competes with the timed runs for the CPU.
+            deadline = time.monotonic() + self.update_interval_s
+            while kind in ("baseline", "assisted"):
                 self._apply(state, kind, payload, extra)
-                kind, payload, extra = events.get()
+                try:
+                    kind, payload, extra = events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    kind = None
+                    break
+            if kind is None:
+                yield state
+                continue
             if kind == "error":
                 worker.join()
                 raise payload
