@@ -126,13 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(run=cmd_compare)
-    bench = sub.add_parser("engine-bench", help="our decoding loop against transformers' generate", add_help=False)
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=lambda args: __import__("assistgen.enginebench", fromlist=["main"]).main(args.rest))
+    sub.add_parser("engine-bench", help="our decoding loop against transformers' generate (see engine-bench -h)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["engine-bench"]:
+        from .enginebench import main as engine_bench
+        return engine_bench(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

@@ -40,31 +40,30 @@ def _random_prompts(vocab: int, count: int, length: int = 64) -> list[dict]:
     return [{"input_ids": torch.randint(10, vocab, (1, length), generator=g)} for _ in range(count)]
 
 
-def workloads(names: list[str]) -> list[Workload]:
-    out = []
+def workloads(names: list[str]):
+    """Built one at a time, so each is measured before the next one's models take memory."""
     for name in names:
         if name == "small":  # per-step overhead dominates: ~8M and ~1M parameters
             target = _random_qwen2(128, 4, 384, 4, 2, 8000, seed=0)
-            out.append(Workload("small, random assistant", target,
-                                _random_qwen2(64, 2, 192, 4, 2, 8000, seed=1), _random_prompts(8000, 2), None))
-            out.append(Workload("small, target as its own assistant", target, target, _random_prompts(8000, 2), None))
+            yield Workload("small ~8M + ~1M, random weights", target,
+                           _random_qwen2(64, 2, 192, 4, 2, 8000, seed=1), _random_prompts(8000, 2), None)
+            yield Workload("small, target as its own assistant", target, target, _random_prompts(8000, 2), None)
         elif name == "medium":  # forward passes dominate: ~500M and ~50M parameters (Qwen2.5-0.5B-like shapes)
             target = _random_qwen2(896, 24, 4864, 14, 2, 151936 // 4, seed=0)
             assistant = _random_qwen2(256, 4, 1024, 4, 2, 151936 // 4, seed=1)
-            out.append(Workload("medium ~500M + ~50M, random weights", target, assistant,
-                                _random_prompts(151936 // 4, 2), None))
+            yield Workload("medium ~500M + ~50M, random weights", target, assistant,
+                           _random_prompts(151936 // 4, 2), None)
         elif name == "offline":
             from .catalog import load_catalog
-            from .loading import load_pair
-            pair = load_pair(load_catalog().pair("qwen2.5-coder-1.5b+0.5b"))
-            prompts = [pair.tokenizer.apply_chat_template(
+            from .pool import ModelPool
+            pair = ModelPool(load_catalog()).pair("qwen2.5-coder-1.5b+0.5b")
+            prompts = [pair.target.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
                 return_dict=True) for text in OFFLINE_PROMPTS]
-            out.append(Workload("offline Qwen2.5-Coder 1.5B + 0.5B", pair.target, pair.assistant, prompts,
-                                list(pair.eos_token_ids)))
+            yield Workload("offline Qwen2.5-Coder 1.5B + 0.5B (fp32, oneDNN linears)", pair.target.model,
+                           pair.assistant.model, [dict(p) for p in prompts], list(pair.target.eos_token_ids))
         else:
             raise SystemExit(f"unknown workload {name!r}: choose from small, medium, offline")
-    return out
 
 
 OFFLINE_PROMPTS = [
