@@ -94,7 +94,8 @@ def build_demo(service: Service) -> gr.Blocks:
                 draft_source = gr.Radio([("assistant model", "assistant"), ("prompt lookup (no model)",
                                                                              "prompt_lookup")],
                                         value="assistant", label="draft source")
-                schedule = gr.Radio(["heuristic", "constant"], value="heuristic", label="window schedule")
+                schedule = gr.Radio(["heuristic", "constant", "adaptive"], value="heuristic",
+                                    label="window schedule (adaptive: cost-aware, may switch drafting off)")
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
         runs = []
         with gr.Tabs():

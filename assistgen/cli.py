@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     comp.add_argument("--draft-source", choices=["assistant", "prompt_lookup"], default="assistant")
     comp.add_argument("--num-assistant-tokens", type=int)
-    comp.add_argument("--schedule", choices=["heuristic", "constant"])
+    comp.add_argument("--schedule", choices=["heuristic", "constant", "adaptive"])
     comp.add_argument("--target-language", default="French", choices=LANGUAGES)
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
