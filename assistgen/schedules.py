@@ -94,7 +94,7 @@ class AdaptiveSchedule:
             return
         best = max(range(self.max_window + 1), key=self.expected_rate)
         if best and self._steps % self.explore_every == 0:  # a neighbouring window now and then: the cost fit
-            best = max(1, best + (1 if (self._steps // self.explore_every) % 2 else -1))  # needs two k values
+            best = best + (1 if (self._steps // self.explore_every) % 2 else -1)  # needs two k values, k=0 too
         if best == 0:
             self._idle += 1
             best = self.probe_window if self._idle % self.probe_every == 0 else 0
