@@ -73,3 +73,13 @@ def test_app_compares_chat_and_speech_on_the_real_pairs(real_app, tmp_path):
                             temperature=0, draft_source="assistant", api_name="/compare")
     assert {"fox", "lazy", "dog"} <= set(words(speech["baseline"]["text"]))
     assert speech["identical"]
+
+
+def test_smollm2_assists_qwen_across_tokenizers(real_service):
+    pair = real_service.pool.pair("qwen2.5-coder-1.5b+smollm2-135m")
+    assert pair.mode == "different-tokenizer"
+    prompt = "Write a Python function that checks whether a number is prime."
+    result = compare(pair, "chat", text_inputs(pair, "chat", prompt), Settings(max_new_tokens=40))
+    assert result.identical, (result.baseline_text, result.assisted_text)
+    assert result.assisted.acceptance_rate > 0.3
+    assert result.assisted.target_passes < result.baseline.target_passes
