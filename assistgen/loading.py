@@ -182,6 +182,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason."""
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq,
                               AutoProcessor, AutoTokenizer)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # progress goes through `progress`, for gr.Progress and the CLI bar alike
     progress = progress or (lambda fraction, message: None)
     device = device or default_device()
     dtype = torch_dtype(spec.dtype, device)
@@ -212,7 +214,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             auto = AutoModelForSeq2SeqLM
         else:
             auto = AutoModelForCausalLM
-        if spec.source == "pack" and config.model_type != "whisper" and not spec.quantization in ("int8", "4bit"):
+        if spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit"):
             from .gguf import load_cached
             model, tokenizer = load_cached(Path(folder), dtype)
         else:
