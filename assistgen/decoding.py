@@ -147,12 +147,12 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if (assistant_model is not None) + (prompt_lookup_num_tokens > 0) + (candidate_generator is not None) > 1:
         raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
+    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     started = time.perf_counter()
     prefix = _decoder_prefix(model, inputs)
     eos = _eos_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
-    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
-        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     if assistant_model is not None and tokenizer is not None:
         candidate_generator = _different_tokenizer_candidates(model, assistant_model, inputs, prefix, eos, tokenizer,
                                                               assistant_tokenizer)
