@@ -61,9 +61,10 @@ def cmd_compare(args) -> int:
         raise CliError(f"pair {spec.name!r} does not do {args.task}; it does {', '.join(spec.tasks)}")
     if (args.task == "asr") != (args.audio is not None) or (args.text is None and args.audio is None):
         raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
-    settings = Settings(max_new_tokens=args.max_new_tokens or spec.max_new_tokens, temperature=args.temperature,
-                        draft_source=args.draft_source,
-                        num_assistant_tokens=args.num_assistant_tokens or spec.num_assistant_tokens,
+    settings = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                        temperature=args.temperature, draft_source=args.draft_source,
+                        num_assistant_tokens=(spec.num_assistant_tokens if args.num_assistant_tokens is None
+                                              else args.num_assistant_tokens),
                         schedule=args.schedule or spec.schedule, seed=args.seed)
     try:
         settings.validate()

@@ -1,0 +1,56 @@
+"""python -m assistgen: listing, comparing, and clear exits on bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def test_models_lists_every_pair_with_availability(tiny_catalog_path):
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "models", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {row["pair"]: row for row in json.loads(out.stdout)}
+    assert rows["tiny-text"]["available"] is True
+    assert rows["tiny-missing"]["available"] is False and "does not exist" in rows["tiny-missing"]["reason"]
+
+
+def test_compare_prints_one_json_object(tiny_catalog_path):
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
+              "chat", "--text", "hello there", "--max-new-tokens", "6", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["identical"] is True and result["baseline"]["new_tokens"] >= 1
+    for key in ("latency_s", "new_tokens", "target_passes", "tokens_per_pass", "acceptance_rate"):
+        assert key in result["assisted"]
+    assert "speedup" in result
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--pair", "nope", "--task", "chat", "--text", "x"], "unknown pair 'nope'"),
+    (["--pair", "tiny-text", "--task", "asr", "--text", "x"], "does not do asr"),
+    (["--pair", "tiny-text", "--task", "chat", "--text", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--pair", "tiny-missing", "--task", "chat", "--text", "x"], "unavailable"),
+    (["--pair", "tiny-speech", "--task", "asr", "--audio", "/no/such.wav"], "missing"),
+])
+def test_bad_arguments_exit_2_with_a_message(tiny_catalog_path, args, needle):
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", *args)
+    assert out.returncode == 2
+    assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_bad_catalog_stops_the_cli_and_the_app_without_a_traceback(tmp_path):
+    bad = tmp_path / "models.yaml"
+    bad.write_text("pairs: [{name: x, tasks: [dance]}]\n")
+    for args in (["-m", "assistgen", "models"], ["app.py"]):
+        out = run(*args, env={"ASSISTGEN_CATALOG": str(bad)})
+        assert out.returncode == 2
+        assert "key 'tasks'" in out.stderr and "Traceback" not in out.stderr
