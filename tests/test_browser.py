@@ -1,0 +1,49 @@
+"""The page in headless Chromium: run a chat comparison and see both panels and the figures."""
+import shutil
+
+import pytest
+
+pytestmark = pytest.mark.browser
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api")
+    if not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM):
+        pytest.skip("Debian chromium is not installed")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def test_chat_comparison_fills_both_panels_and_shows_the_figures(browser, tiny_app, tmp_path):
+    url, _ = tiny_app
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    page.goto(url)
+    page.locator("#input-chat textarea").fill("def fibonacci(n):")
+    page.locator("#run-chat").click()
+    page.wait_for_function("document.querySelector('#summary') && "
+                           "document.querySelector('#summary').innerText.includes('speedup')", timeout=60_000)
+    baseline = page.locator("#baseline-output .ag-out").inner_text()
+    assisted = page.locator("#assisted-output .ag-out")
+    assert baseline.strip() and baseline.strip() != "…"
+    assert assisted.locator(".ag-acc, .ag-own").count() > 0
+    assert "tokens / pass" in page.locator("#assisted-figures").inner_text()
+    assert "latency" in page.locator("#baseline-figures").inner_text()
+    assert "identical to baseline" in page.locator("#summary").inner_text()
+    page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
+    assert (tmp_path / "chat.png").stat().st_size > 10_000
+
+
+def test_bad_input_shows_an_error_and_keeps_the_input(browser, tiny_app):
+    url, _ = tiny_app
+    page = browser.new_page()
+    page.goto(url)
+    page.locator("#input-chat textarea").fill("   ")
+    page.locator("#run-chat").click()
+    page.get_by_text("the text is empty").first.wait_for(timeout=30_000)
+    assert page.locator("#input-chat textarea").input_value() == "   "
