@@ -7,7 +7,7 @@ draft source, k = 0 and every step is plain incremental decoding, which is the b
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -40,7 +40,6 @@ class GenerationResult:
     latency_s: float
     stop_reason: str = "max_new_tokens"   # "eos", "max_new_tokens", "max_length" or "max_time"
     prompt_tokens: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def tokens_per_pass(self) -> float:

@@ -93,6 +93,3 @@ class Detokenizer:
             self._text = text
         return self.pieces
 
-
-def token_pieces(pair: LoadedPair, tokens: list[int]) -> list[str]:
-    return Detokenizer(pair.target.tokenizer).feed(tokens)
