@@ -102,7 +102,7 @@ def build_demo(service: Service) -> gr.Blocks:
             for task, label in TASK_LABELS.items():
                 with gr.Tab(label, id=task):
                     choices = service.pair_choices(task)
-                    pair = gr.Dropdown(choices=choices, value=service.default_pair(task), label="model pair",
+                    pair = gr.Dropdown(choices=choices, value=service.default_pair(choices), label="model pair",
                                        elem_id=f"pair-{task}")
                     if task == "asr":
                         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,

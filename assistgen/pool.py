@@ -29,6 +29,7 @@ class ModelPool:
         self._sizes: dict[str, int] = {}            # bytes seen at earlier loads, to evict before loading again
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
+        self._checked: dict[tuple, LoadedPair] = {}
 
     @property
     def resident_bytes(self) -> int:
@@ -70,4 +71,13 @@ class ModelPool:
         target = self.model(pair.target, lambda f, m: report(0.6 * f, m), keep=names)
         assistant = (self.model(pair.assistant, lambda f, m: report(0.6 + 0.4 * f, m), keep=names)
                      if pair.assistant else None)
-        return check_pair(pair, target, assistant)
+        # The pair check compares whole vocabularies: do it once per loaded pair, not on every request.
+        key = (pair.name, id(target), id(assistant))
+        with self._lock:
+            checked = self._checked.get(key)
+        if checked is None:
+            checked = check_pair(pair, target, assistant)
+            with self._lock:
+                self._checked = {k: v for k, v in self._checked.items() if k[0] != pair.name}
+                self._checked[key] = checked
+        return checked

@@ -60,11 +60,10 @@ class Service:
             choices.append((pair.name if ok else f"{pair.name} (unavailable: {why})", pair.name))
         return choices
 
-    def default_pair(self, task: str) -> str | None:
-        for label, name in self.pair_choices(task):
-            if label == name:
-                return name
-        return None
+    @staticmethod
+    def default_pair(choices: list[tuple[str, str]]) -> str | None:
+        """The first available pair among a dropdown's choices."""
+        return next((name for label, name in choices if label == name), None)
 
     # --- validation ------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, *, max_new_tokens=None, temperature=0.0, draft_source="assistant",
