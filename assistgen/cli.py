@@ -1,4 +1,4 @@
-"""python -m assistgen {models,compare,engine-bench}: the library from a shell."""
+"""python -m assistgen {models,compare,bench,engine-bench}: the library from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -127,12 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(run=cmd_compare)
+    sub.add_parser("bench", help="benchmark a pair: tables, plots, transformers as the peer (see bench -h)")
     sub.add_parser("engine-bench", help="our decoding loop against transformers' generate (see engine-bench -h)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    catalog = argv[:2] if argv[:1] == ["--catalog"] else []  # the global option, passed on to bench
+    if argv[len(catalog):len(catalog) + 1] == ["bench"]:
+        from .bench import main as bench
+        return bench(catalog + argv[len(catalog) + 1:])
     if argv[:1] == ["engine-bench"]:
         from .enginebench import main as engine_bench
         return engine_bench(argv[1:])

@@ -1,0 +1,88 @@
+"""python -m assistgen bench on tiny random models: every configuration runs, the files are written, and the
+summary is computed from the runs (no timing is asserted)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from assistgen.bench import Item, read_items, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(catalog, out, *args):
+    return subprocess.run([sys.executable, "-m", "assistgen", "--catalog", str(catalog), "bench", "--pair",
+                           "tiny-text", "--out", str(out), "--no-floor", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_bench_writes_results_tables_and_plots(tiny_catalog_path, tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text('{"text": "hello there", "name": "hello"}\n{"text": "one two three one two three one"}\n')
+    out = bench(tiny_catalog_path, tmp_path / "out", "--prompts", str(prompts), "--suite", "translation",
+                "--limit", "2", "--temperatures", "0,0.8", "--schedules", "heuristic,adaptive",
+                "--draft-sources", "assistant,prompt_lookup", "--peer", "--max-new-tokens", "8", "--repeats", "2")
+    assert out.returncode == 0, out.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = results["runs"]
+    assert not [r for r in runs if "error" in r], [r["error"] for r in runs if "error" in r]
+    configs = {r["config"] for r in runs}
+    assert configs == {"baseline", "heuristic", "adaptive", "prompt lookup heuristic", "prompt lookup adaptive",
+                       "transformers heuristic"}
+    # 2 sets x 2 items x 2 temperatures x 2 repeats, each with every configuration
+    assert len(runs) == 2 * 2 * 2 * 2 * len(configs)
+    greedy = [r for r in runs if r["temperature"] == 0]
+    assert all(r["identical"] for r in greedy), [r for r in greedy if not r["identical"]]
+    assert all(r["identical"] is None for r in runs if r["temperature"] > 0)
+    ours = [r for r in runs if r["engine"] == "assistgen" and r["config"] != "baseline"]
+    assert all(r["target_passes"] >= 1 and r["tokens_per_pass"] >= 1 for r in ours)
+    assert {r["item"] for r in runs} == {"hello", "mine-2", "translation-1", "translation-2"}
+    summary = {(s["suite"], s["temperature"], s["config"]): s for s in results["summary"]}
+    assert summary[("mine", 0.0, "heuristic")]["runs"] == 4
+    assert summary[("mine", 0.0, "heuristic")]["identical_share"] == 1.0
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| mine | 0 | heuristic | 4 |" in md and "transformers heuristic" in md
+    for png in ("speedup_vs_temperature.png", "speedup_by_task.png", "tokens_per_pass.png"):
+        data = (tmp_path / "out" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_bench_refuses_bad_arguments_with_exit_2(tiny_catalog_path, tmp_path):
+    out = bench(tiny_catalog_path, tmp_path, "--suite", "speech")
+    assert out.returncode == 2 and "does not do asr" in out.stderr
+    out = bench(tiny_catalog_path, tmp_path, "--prompts", str(tmp_path / "none.txt"))
+    assert out.returncode == 2 and "none.txt" in out.stderr
+    out = bench(tiny_catalog_path, tmp_path)
+    assert out.returncode == 2 and "nothing to run" in out.stderr
+    out = bench(tiny_catalog_path, tmp_path, "--suite", "chat", "--temperatures", "0,7")
+    assert out.returncode == 2 and "temperatures must be from 0 to 2" in out.stderr
+
+
+def test_prompt_files_and_audio_folders(tmp_path):
+    txt = tmp_path / "p.txt"
+    txt.write_text("first\n\nsecond line\\nwith a newline\n")
+    items = read_items("p", "chat", txt)
+    assert [i.text for i in items] == ["first", "second line\nwith a newline"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "no text key"}\n')
+    try:
+        read_items("bad", "chat", bad)
+    except ValueError as exc:
+        assert "bad.jsonl:1" in str(exc)
+    else:
+        raise AssertionError("a jsonl line without text was accepted")
+    clips = read_items("speech", "asr", ROOT / "bench" / "speech")
+    assert len(clips) >= 5 and all(Path(c.audio).suffix == ".wav" for c in clips)
+
+
+def test_summary_medians_and_spread():
+    def row(item, speedup, identical=True, tpp=2.0):
+        return {"suite": "s", "task": "chat", "item": item, "repeat": 0, "temperature": 0.0, "config": "heuristic",
+                "latency_s": 1.0 / speedup, "baseline_latency_s": 1.0, "speedup": speedup, "identical": identical,
+                "tokens_per_pass": tpp}
+    rows = [row("a", 0.9), row("b", 1.5, tpp=4.0), row("c", 1.2, identical=False), row("d", 3.0)]
+    rows.append({"suite": "s", "item": "e", "config": "heuristic", "error": "boom"})
+    (s,) = summarize(rows)
+    assert s["runs"] == 4 and s["speedup"] == 1.35 and (s["speedup_min"], s["speedup_max"]) == (0.9, 3.0)
+    assert s["identical_share"] == 0.75 and s["tokens_per_pass"] == 2.0
