@@ -82,6 +82,8 @@ def build_demo(service: Service) -> gr.Blocks:
             raise gr.Error(str(exc)) from None
         except KeyError as exc:
             raise gr.Error(str(exc.args[0] if exc.args else exc)) from None
+        except Exception as exc:  # as in the page's handler: a clear message, not Gradio's generic one
+            raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); try again") from None
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
