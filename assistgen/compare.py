@@ -131,8 +131,17 @@ class Comparison:
             "speedup": round(self.speedup, 4), "identical": self.identical, "identical_note": self.identical_note(),
             "cost_ratio": None if c is None else round(c, 4),
             "predicted_speedup": None if predicted is None else round(predicted, 4),
-            "warnings": list(self.pair.warnings), "mode_reason": self.pair.mode_reason,
+            "warnings": self.warnings(), "mode_reason": self.pair.mode_reason,
         }
+
+    def warnings(self) -> list[str]:
+        """The pair's warnings, and one for runs the time limit cut short."""
+        cut = [name for name, run in (("baseline", self.baseline), ("assisted", self.assisted))
+               if run.stop_reason == "max_time"]
+        if not cut:
+            return list(self.pair.warnings)
+        limit = f"the {self.settings.max_time_s:g} s time limit (ASSISTGEN_MAX_GENERATION_SECONDS)"
+        return list(self.pair.warnings) + [f"the {' and '.join(cut)} output stopped at {limit}: it is partial"]
 
 
 def _generate(pair: LoadedPair, inputs: dict, settings: Settings, assisted: bool, on_step, draft_source: str):
