@@ -40,6 +40,10 @@ def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = No
         raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
     if samples.size == 0:
         raise InputError(f"{path.name!r} holds no audio samples")
+    expected = min(info.frames, int((max_seconds + 1) * info.samplerate)) if info.frames > 0 else 0
+    if len(samples) < 0.9 * expected:  # e.g. an MP3 cut short: its header promises more than is there
+        raise InputError(f"{path.name!r} is damaged or truncated: its header promises {expected / rate:.1f} s but "
+                         f"only {len(samples) / rate:.1f} s can be decoded; export it again")
     mono = samples.mean(axis=1)
     seconds = len(mono) / rate
     if seconds > max_seconds:  # formats whose header does not state a length
