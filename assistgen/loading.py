@@ -199,7 +199,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             folder = spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
         progress(0.8, f"{spec.name}: loading weights")
         config = AutoConfig.from_pretrained(folder)
-        kwargs: dict[str, Any] = {"dtype": dtype}
+        kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never unpickle weights
         if spec.quantization in ("int8", "4bit"):
             kwargs["quantization_config"] = _bnb_config(spec.quantization, device)
         if spec.device_map:
@@ -248,6 +248,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
                         "ASSISTGEN_MEMORY_BUDGET_GB") from None
     except OSError as exc:
         reason = str(exc).splitlines()[0]
+        if "safetensors" in reason:
+            reason += " (weights load only from safetensors, GGUF or offline packs, never from pickled .bin files)"
         if spec.source == "hub":
             _failures[spec.name] = f"{spec.location}: cannot be fetched from the hub ({reason})"
         raise LoadError(f"{spec.name}: {reason}") from None
