@@ -1,0 +1,544 @@
+"""Robustness: bad input, faults, load and security, each driven through gradio_client or HTTP against an app
+launched in-process on tiny random models (a few cases call the library directly, where the point is what it does
+not do: decode a 2-hour file, unpickle weights)."""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from gradio_client import Client, handle_file
+
+import app
+import assistgen.loading
+import assistgen.service
+from assistgen.audio import load_audio
+from assistgen.catalog import ModelSpec, load_catalog
+from assistgen.loading import LoadError, load_model
+from assistgen.pool import ModelPool
+from assistgen.service import Service
+from assistgen.tasks import InputError
+from conftest import ROOT, free_port, speech_wav
+
+ASR = {"task": "asr", "pair": "tiny-speech", "text": None}
+
+
+@contextlib.contextmanager
+def launched(service: Service, **kwargs):
+    """The real app on `service`, launched in-process; yields the Blocks (its local_url is the server)."""
+    demo = app.build_demo(service)
+    kwargs.setdefault("max_file_size", "2mb")
+    app.queue_and_launch(demo, prevent_thread_lock=True, server_port=free_port(), quiet=True, **kwargs)
+    try:
+        yield demo
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_catalog_path):
+    """(url, service, client): an app of this module's own, so tests may patch its service and pool."""
+    service = Service(load_catalog(tiny_catalog_path))
+    with launched(service) as demo:
+        yield demo.local_url, service, Client(demo.local_url, verbose=False)
+
+
+def compare(client, task="chat", pair="tiny-text", text="hello there", audio=None, max_new_tokens=8,
+            temperature=0, draft_source="assistant"):
+    return client.predict(task=task, pair=pair, text=text, audio=audio, max_new_tokens=max_new_tokens,
+                          temperature=temperature, draft_source=draft_source, api_name="/compare")
+
+
+def expect_error(client, needle, **kwargs) -> str:
+    with pytest.raises(Exception) as info:
+        compare(client, **kwargs)
+    assert needle in str(info.value), str(info.value)
+    return str(info.value)
+
+
+def still_serves(client) -> None:
+    assert compare(client)["identical"] is True
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Path:
+    return speech_wav(tmp_path_factory.mktemp("speech") / "speech.wav")
+
+
+# --- 1. bad input ---------------------------------------------------------------------------------------------------
+
+def test_a_200k_character_text_is_refused_without_a_memory_blow_up(served):
+    import psutil
+    _, _, client = served
+    still_serves(client)  # models loaded: what follows measures the request alone
+    process, peak, done = psutil.Process(), [0], threading.Event()
+    baseline = process.memory_info().rss
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        message = expect_error(client, "200,000 characters", text=("lorem ipsum dolor sit amet " * 8000)[:200_000])
+    finally:
+        done.set()
+        sampler.join()
+    assert "limit" in message and "shorten it" in message
+    growth_mb = (peak[0] - baseline) / 2**20
+    print(f"\n200,000-character text: peak RSS growth {growth_mb:.0f} MB")
+    assert growth_mb < 500
+    still_serves(client)
+
+
+def _mp3(path: Path, seconds: float = 2.0, rate: int = 16000) -> Path:
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(str(path), (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, format="MP3",
+             subtype="MPEG_LAYER_III")
+    return path
+
+
+def test_a_real_mp3_is_accepted_and_corrupt_or_truncated_ones_get_a_clear_error(served, tmp_path):
+    _, _, client = served
+    good = _mp3(tmp_path / "tone.mp3")
+    assert compare(client, audio=handle_file(str(good)), **ASR)["baseline"]["new_tokens"] >= 1
+    noise = tmp_path / "noise.mp3"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes())
+    expect_error(client, "is not audio this app can decode", audio=handle_file(str(noise)), **ASR)
+    data = good.read_bytes()
+    for fraction in (0.05, 0.5):
+        cut = tmp_path / f"cut{int(fraction * 100)}.mp3"
+        cut.write_bytes(data[:int(len(data) * fraction)])
+        message = expect_error(client, cut.name, audio=handle_file(str(cut)), **ASR)
+        assert "can decode" in message or "truncated" in message, message
+    still_serves(client)
+
+
+def test_a_truncated_mp3_is_refused_in_process(tmp_path):
+    data = _mp3(tmp_path / "tone.mp3").read_bytes()
+    cut = tmp_path / "half.mp3"
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(InputError, match="damaged or truncated"):
+        load_audio(cut)
+
+
+def _two_hour_flac(path: Path, rate: int = 8000) -> Path:
+    """Two hours of 8 kHz audio, a tone then silence: about 200 kB of FLAC, written in about a second."""
+    minute = np.zeros(rate * 60, np.int16)
+    with sf.SoundFile(str(path), "w", rate, 1, "PCM_16", format="FLAC") as out:
+        out.write((3000 * np.sin(np.arange(rate * 60) / 5)).astype(np.int16))
+        for _ in range(119):
+            out.write(minute)
+    return path
+
+
+def test_a_two_hour_recording_is_refused_from_its_metadata_without_decoding(tmp_path, monkeypatch):
+    long = _two_hour_flac(tmp_path / "two-hours.flac")
+    assert sf.info(str(long)).duration == pytest.approx(7200)
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("the audio was decoded")
+
+    monkeypatch.setattr(sf, "read", no_decode)
+    with pytest.raises(InputError) as info:
+        load_audio(long, max_seconds=30)
+    assert "7200.0 s" in str(info.value) and "the limit is 30 s" in str(info.value)
+
+
+def test_a_two_hour_upload_gets_a_clear_error_and_the_server_keeps_serving(served, tmp_path, speech):
+    _, _, client = served
+    long = _two_hour_flac(tmp_path / "two-hours.flac")
+    expect_error(client, "the limit is 30 s", audio=handle_file(str(long)), **ASR)
+    assert compare(client, audio=handle_file(str(speech)), **ASR)["identical"] is True
+
+
+# --- 2. faults ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def catalog_with_broken_packs(tiny_catalog_path, tmp_path, monkeypatch):
+    """The tiny catalog plus a pair whose pack fails its sha256 check and one whose pack is not installed."""
+    site = tmp_path / "site"
+    (site / "assistgen_test_damaged_weights" / "data").mkdir(parents=True)
+    (site / "assistgen_test_damaged_weights" / "data" / "part01.bin").write_bytes(b"GGUF not the pinned bytes")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(assistgen.loading, "_failures", {})  # load failures are remembered per process
+    packs = "".join(f"""
+  {name}:
+    format: gguf
+    files:
+      - name: {name}.gguf
+        sha256: {"ab" * 32}
+        parts: [{{package: {package}, path: data/part01.bin}}]""" for name, package in
+                    [("damaged", "assistgen-test-damaged-weights"), ("absent", "assistgen-test-absent-weights")])
+    text = tiny_catalog_path.read_text().replace("models:\n", f"packs:{packs}\nmodels:\n  damaged: {{pack: damaged}}\n"
+                                                 "  absent: {pack: absent}\n", 1)
+    for name in ("damaged", "absent"):
+        text += (f"  - name: tiny-{name}\n    tasks: [chat]\n    target: {name}\n    assistant: tiny-text-assistant\n"
+                 "    prompt_style: chat_template\n")
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+def _dropdown_choices(url: str, elem_id: str) -> dict[str, str]:
+    import httpx
+    config = httpx.get(url + "config").json()
+    (props,) = [c["props"] for c in config["components"] if c.get("props", {}).get("elem_id") == elem_id]
+    return {value: label for label, value in props["choices"]}
+
+
+def test_pairs_with_missing_or_damaged_weights_are_unavailable_with_the_reason_and_others_work(
+        catalog_with_broken_packs, speech):
+    service = Service(load_catalog(catalog_with_broken_packs))
+    with launched(service) as demo:
+        client = Client(demo.local_url, verbose=False)
+        labels = _dropdown_choices(demo.local_url, "pair-chat")
+        assert labels["tiny-text"] == "tiny-text"
+        assert "unavailable" in labels["tiny-missing"] and "does not exist" in labels["tiny-missing"]
+        assert "unavailable" in labels["tiny-absent"] and "pip install" in labels["tiny-absent"]
+        expect_error(client, "not installed", pair="tiny-absent")
+        # The damaged pack is installed, so it is offered until its bytes are checked at load time.
+        expect_error(client, "sha256 mismatch", pair="tiny-damaged")
+        message = expect_error(client, "unavailable", pair="tiny-damaged")
+        assert "sha256 mismatch" in message and "reinstall" in message
+        still_serves(client)
+        assert compare(client, audio=handle_file(str(speech)), **ASR)["identical"] is True
+    labels = dict((value, label) for label, value in service.pair_choices("chat"))
+    assert "unavailable" in labels["tiny-damaged"] and "sha256 mismatch" in labels["tiny-damaged"]
+    assert labels["tiny-text"] == "tiny-text"
+
+
+@pytest.mark.parametrize("fault,needle", [(RuntimeError("injected fault"), "RuntimeError: injected fault"),
+                                          (MemoryError(), "ran out of memory")])
+def test_an_exception_inside_generation_reaches_the_caller_and_the_next_request_succeeds(served, monkeypatch,
+                                                                                         fault, needle):
+    _, service, client = served
+    model = service.pool.pair("tiny-text").target.model
+    calls = []
+
+    def broken_forward(*args, **kwargs):
+        calls.append(1)
+        raise fault
+
+    monkeypatch.setattr(model, "forward", broken_forward)
+    message = expect_error(client, needle)
+    assert calls, "the fault was not injected inside generation"
+    assert "upstream Gradio app has raised an exception" not in message
+    monkeypatch.undo()
+    still_serves(client)
+
+
+def test_memory_error_while_loading_says_what_to_do_and_the_next_request_succeeds(tiny_catalog_path, monkeypatch):
+    real_count = assistgen.loading._count
+
+    def out_of_memory(model):  # called inside load_model, once the weights are in
+        raise MemoryError()
+
+    monkeypatch.setattr(assistgen.loading, "_count", out_of_memory)
+    with launched(Service(load_catalog(tiny_catalog_path))) as demo:
+        client = Client(demo.local_url, verbose=False)
+        message = expect_error(client, "out of memory while loading")
+        assert "ASSISTGEN_MEMORY_BUDGET_GB" in message
+        monkeypatch.setattr(assistgen.loading, "_count", real_count)
+        still_serves(client)  # not remembered as a broken pair: it loads once memory is there
+
+
+def _runaway(model, eos: tuple[int, ...], delay_s: float):
+    """`model.forward`, but it never predicts EOS and takes `delay_s` longer: a generation that would run away."""
+    forward = model.forward
+
+    def patched(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits[..., list(eos)] = -float("inf")
+        time.sleep(delay_s)
+        return out
+    return patched
+
+
+def test_a_runaway_generation_stops_at_the_time_limit_with_its_partial_output_and_a_warning(served, monkeypatch):
+    _, service, client = served
+    pair = service.pool.pair("tiny-text")
+    assert pair.target.eos_token_ids
+    monkeypatch.setattr(pair.target.model, "forward", _runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
+    monkeypatch.setattr(service, "max_time_s", 0.4)
+    started = time.monotonic()
+    result = compare(client, max_new_tokens=1024)
+    elapsed = time.monotonic() - started
+    for run in ("baseline", "assisted"):
+        assert result[run]["stop_reason"] == "max_time"
+        assert 1 <= result[run]["new_tokens"] < 1024
+        assert result[run]["latency_s"] < 2
+    assert any("time limit" in w and "partial" in w for w in result["warnings"]), result["warnings"]
+    assert elapsed < 20  # without the limit: 2 x 1024 slowed steps, over 20 s
+    # Without a time limit, max_new_tokens bounds it exactly.
+    monkeypatch.setattr(service, "max_time_s", 300.0)
+    result = compare(client, max_new_tokens=20)
+    assert [result[r]["new_tokens"] for r in ("baseline", "assisted")] == [20, 20]
+    assert result["baseline"]["stop_reason"] == "max_new_tokens"
+    assert not any("time limit" in w for w in result["warnings"])
+    monkeypatch.undo()
+    still_serves(client)
+
+
+# --- 3. load --------------------------------------------------------------------------------------------------------
+
+def _pair_bytes(catalog, name: str) -> int:
+    pair = ModelPool(catalog, budget_bytes=2**40).pair(name)
+    return pair.target.num_bytes + pair.assistant.num_bytes
+
+
+def test_twenty_concurrent_users_complete_or_get_queue_full_and_model_work_is_serialised(
+        tiny_catalog_path, monkeypatch, tmp_path, speech):
+    monkeypatch.delenv("ASSISTGEN_QUEUE_SIZE", raising=False)  # the default queue
+    catalog = load_catalog(tiny_catalog_path)
+    budget = max(_pair_bytes(catalog, "tiny-text"), _pair_bytes(catalog, "tiny-speech"))  # room for one pair only
+    service = Service(catalog, ModelPool(catalog, budget_bytes=budget))
+    intervals, resident, started_at, guard = [], [], {}, threading.Lock()
+    real_compare, real_run = assistgen.service.compare, service.run
+
+    def timed_compare(*args, **kwargs):
+        start = time.monotonic()
+        resident.append(service.pool.resident_bytes)
+        try:
+            return real_compare(*args, **kwargs)
+        finally:
+            resident.append(service.pool.resident_bytes)
+            with guard:
+                intervals.append((start, time.monotonic()))
+
+    def timed_run(task, pair_name, **kwargs):
+        started_at[kwargs["text"] or Path(kwargs["audio"]).name] = time.monotonic()
+        return real_run(task, pair_name, **kwargs)
+
+    monkeypatch.setattr(assistgen.service, "compare", timed_compare)
+    monkeypatch.setattr(service, "run", timed_run)
+    users = 20
+    audio = {}
+    for i in range(3, users, 4):  # every fourth user transcribes speech: the pool must swap pairs under load
+        audio[i] = tmp_path / f"user{i:02d}.wav"
+        shutil.copy(speech, audio[i])
+    with launched(service) as demo:
+        clients = [Client(demo.local_url, verbose=False) for _ in range(users)]
+        barrier, outcomes = threading.Barrier(users), [None] * users
+
+        def user(i: int):
+            if i in audio:
+                kwargs = {**ASR, "audio": handle_file(str(audio[i]))}
+                key = audio[i].name
+            else:
+                kwargs = {"text": f"user {i} says hello"}
+                key = kwargs["text"]
+            barrier.wait()
+            submitted = time.monotonic()
+            try:
+                result = compare(clients[i], max_new_tokens=8, **kwargs)
+                outcomes[i] = ("completed", key, submitted, time.monotonic(), result)
+            except Exception as exc:  # noqa: BLE001: every failure is classified below
+                outcomes[i] = ("refused", key, submitted, time.monotonic(), exc)
+
+        threads = [threading.Thread(target=user, args=(i,)) for i in range(users)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        wall = time.monotonic() - t0
+        assert not any(t.is_alive() for t in threads)
+        still_serves(clients[0])
+
+    completed = [o for o in outcomes if o[0] == "completed"]
+    refused = [o for o in outcomes if o[0] == "refused"]
+    for _, key, _, _, exc in refused:
+        assert "Queue is full" in str(exc), f"{key}: {type(exc).__name__}: {exc}"
+    for _, key, _, _, result in completed:
+        assert result["baseline"]["new_tokens"] >= 1 and result["identical"] is True, key
+    assert len(completed) + len(refused) == users and completed
+    intervals.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(intervals, intervals[1:])), \
+        "two comparisons ran at the same time"
+    assert max(resident) <= budget, f"resident {max(resident)} B over the {budget} B budget"
+
+    waits = sorted(started_at[key] - submitted for _, key, submitted, _, _ in completed)
+    totals = sorted(done - submitted for _, _, submitted, done, _ in completed)
+    print(f"\nLOAD {users} concurrent gradio_client users, tiny models, max_new_tokens=8, default queue "
+          f"(ASSISTGEN_QUEUE_SIZE={demo._queue.max_size}), memory budget {budget / 2**20:.2f} MiB (one pair):")
+    print(f"LOAD completed {len(completed)}, refused with 'Queue is full' {len(refused)}, wall {wall:.1f} s")
+    print(f"LOAD queue wait (submit -> handler start): median {statistics.median(waits):.2f} s, "
+          f"max {max(waits):.2f} s; submit -> result: median {statistics.median(totals):.2f} s, "
+          f"max {max(totals):.2f} s")
+    print(f"LOAD model work: {len(intervals)} comparisons, none overlapping; peak resident "
+          f"{max(resident) / 2**20:.2f} MiB <= budget")
+    print("LOAD per-user waits (s): " + ", ".join(f"{w:.2f}" for w in waits))
+
+
+def test_a_full_queue_refuses_with_a_clear_message_and_the_queued_requests_still_complete(
+        tiny_catalog_path, monkeypatch):
+    from gradio_client.utils import Status
+    monkeypatch.setenv("ASSISTGEN_QUEUE_SIZE", "1")
+    service = Service(load_catalog(tiny_catalog_path))
+    entered, gate = threading.Event(), threading.Event()
+    real_compare = assistgen.service.compare
+
+    def held_compare(*args, **kwargs):
+        entered.set()
+        gate.wait(30)
+        return real_compare(*args, **kwargs)
+
+    monkeypatch.setattr(assistgen.service, "compare", held_compare)
+    with launched(service) as demo:
+        first, second, third = (Client(demo.local_url, verbose=False) for _ in range(3))
+        running = first.submit(task="chat", pair="tiny-text", text="first", audio=None, max_new_tokens=4,
+                               temperature=0, draft_source="assistant", api_name="/compare")
+        assert entered.wait(30)
+        waiting = second.submit(task="chat", pair="tiny-text", text="second", audio=None, max_new_tokens=4,
+                                temperature=0, draft_source="assistant", api_name="/compare")
+        deadline = time.monotonic() + 30
+        while waiting.status().code != Status.IN_QUEUE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting.status().code == Status.IN_QUEUE
+        with pytest.raises(Exception, match="Queue is full"):
+            compare(third, max_new_tokens=4)
+        gate.set()
+        assert running.result(timeout=60)["identical"] and waiting.result(timeout=60)["identical"]
+        still_serves(third)
+
+
+# --- 4. security ----------------------------------------------------------------------------------------------------
+
+def _raw_get(url: str, path: str) -> tuple[int, bytes]:
+    """GET `path` exactly as written: no client-side normalisation of `..` or percent-escapes."""
+    parsed = urlparse(url)
+    connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+SECRET_PATHS = ["/etc/passwd", "%2Fetc%2Fpasswd", "%252Fetc%252Fpasswd", "//etc/passwd", "/etc/./passwd",
+                "../../../../../../etc/passwd", "..%2F..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd",
+                "%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+                "%2e%2e%2f%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+                "....//....//....//....//etc/passwd", "/tmp/../etc/passwd", "file:///etc/passwd", "/proc/self/environ"]
+
+
+@pytest.mark.parametrize("secret", SECRET_PATHS)
+@pytest.mark.parametrize("prefix", ["/gradio_api/file=", "/file=", "/gradio_api/file/"])
+def test_files_outside_the_app_cannot_be_read(served, prefix, secret):
+    url, _, _ = served
+    status, body = _raw_get(url, prefix + secret)
+    assert b"root:" not in body and b"PATH=" not in body
+    assert status in (403, 404), (status, body[:200])
+
+
+def test_the_apps_own_files_and_catalog_cannot_be_read(served):
+    url, service, _ = served
+    for path in [ROOT / "app.py", ROOT / "models.yaml", service.catalog.path,
+                 Path(service.catalog.pairs[0].target.location) / "config.json"]:
+        for form in (str(path), path.name):
+            status, body = _raw_get(url, "/gradio_api/file=" + form)
+            assert status in (403, 404), (form, status, body[:200])
+
+
+def test_an_upload_is_served_only_under_an_unguessable_path_and_folders_are_not_listed(served, tmp_path):
+    """Gradio serves an upload back to whoever holds its path (that is how the page plays it back), so the path
+    must not be guessable: its folder is sha256(a secret per-install seed + the bytes), not the bytes' own hash."""
+    import hashlib
+
+    import httpx
+    url, _, _ = served
+    secret = tmp_path / "private-note.wav"
+    sf.write(str(secret), np.full(1600, 0.1, np.float32), 16000)
+    with open(secret, "rb") as f:
+        response = httpx.post(url + "gradio_api/upload", files={"files": ("private-note.wav", f)})
+    assert response.status_code == 200
+    (uploaded,) = response.json()
+    folder = Path(uploaded).parent
+    assert re.fullmatch(r"[0-9a-f]{64}", folder.name), uploaded
+    plain = hashlib.sha256(secret.read_bytes()).hexdigest()
+    assert folder.name != plain
+    for guess in (folder.parent / plain / secret.name, folder.parent / ("0" * 64) / secret.name,
+                  folder.parent / secret.name, folder, folder.parent):
+        for form in (str(guess), str(guess) + "/"):
+            status, body = _raw_get(url, "/gradio_api/file=" + form)
+            assert status in (403, 404) and b"RIFF" not in body, (form, status)
+            if guess == folder.parent:  # no listing of what others uploaded
+                assert folder.name.encode() not in body
+
+
+def test_launch_allows_no_extra_paths(served):
+    assert "allowed_paths" not in (ROOT / "app.py").read_text()
+    _, service, _ = served
+    with launched(service) as demo:
+        assert not demo.allowed_paths
+
+
+def test_gradio_is_at_least_6_16():
+    import gradio
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", gradio.__version__).groups())
+    assert (major, minor) >= (6, 16), gradio.__version__
+    pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if re.match(r"gradio\s*[=<>~]", line)]
+    pinned = [re.match(r"gradio\s*==\s*(\d+)\.(\d+)", line) for line in pins]
+    assert pinned and all(m and (int(m[1]), int(m[2])) >= (6, 16) for m in pinned), pins
+
+
+@pytest.mark.parametrize("env,expected", [(None, False), ("True", True)])
+def test_analytics_are_off_unless_asked_for(monkeypatch, env, expected):
+    import importlib
+
+    import gradio as gr
+    if env is None:
+        monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", env)
+    importlib.reload(app)  # app.py sets the default when it is imported
+    with gr.Blocks() as demo:
+        pass
+    assert demo.analytics_enabled is expected
+
+
+def _sources() -> list[Path]:
+    return sorted((ROOT / "assistgen").glob("*.py")) + [ROOT / "app.py"]
+
+
+def test_no_remote_code_and_no_pickles_in_the_sources():
+    forbidden = re.compile(r"trust_remote_code\s*=\s*True|torch\.load\(|\bimport pickle\b|\bpickle\.|"
+                           r"allow_pickle\s*=\s*True|weights_only\s*=\s*False|use_safetensors\s*=\s*False")
+    hits = [f"{path.name}:{n}: {line.strip()}" for path in _sources()
+            for n, line in enumerate(path.read_text().splitlines(), 1) if forbidden.search(line)]
+    assert not hits, hits
+
+
+def test_weights_in_a_pickle_are_refused_and_never_unpickled(tmp_path, tiny_catalog_path, monkeypatch):
+    catalog = load_catalog(tiny_catalog_path)
+    source = Path(catalog.models["tiny-text-assistant"].location)
+    folder = tmp_path / "pickled"
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    state = {}
+    from safetensors.torch import load_file
+    for file in source.glob("*.safetensors"):
+        state.update(load_file(str(file)))
+    torch.save(state, folder / "pytorch_model.bin")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle was loaded")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    spec = ModelSpec(name="pickled", source="local", location=str(folder), dtype="float32")
+    with pytest.raises(LoadError, match="never from pickled"):
+        load_model(spec, catalog)
