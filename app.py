@@ -71,12 +71,14 @@ def build_demo(service: Service) -> gr.Blocks:
         return handler
 
     def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
-                    temperature: float, draft_source: str) -> dict:
+                    temperature: float, draft_source: str, schedule: str | None = None,
+                    num_assistant_tokens: float | None = None) -> dict:
         """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
-        --json`."""
+        --json`. schedule and num_assistant_tokens default to the pair's own (models.yaml)."""
         try:
             settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
-                                        draft_source=draft_source or "assistant")
+                                        draft_source=draft_source or "assistant", schedule=schedule or None,
+                                        num_assistant_tokens=num_assistant_tokens)
             return service.run(task, pair, text=text, audio=audio, settings=settings).to_dict()
         except UserError as exc:
             raise gr.Error(str(exc)) from None
@@ -85,18 +87,28 @@ def build_demo(service: Service) -> gr.Blocks:
         except Exception as exc:  # as in the page's handler: a clear message, not Gradio's generic one
             raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); try again") from None
 
+    first_pair = service.default_pair(service.pair_choices(next(iter(TASK_LABELS))))
+    first_defaults = service.pair_defaults(first_pair) if first_pair else (5, "heuristic")
+
+    def pair_changed(name):
+        if not name:
+            return gr.skip(), gr.skip(), ""
+        window_value, schedule_value = service.pair_defaults(name)
+        return window_value, schedule_value, service.pair_info(name)
+
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
         with gr.Accordion("Settings", open=False):
             with gr.Row():
                 max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="max new tokens")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-                window = gr.Slider(1, 32, value=5, step=1, label="initial window (num_assistant_tokens)")
+                window = gr.Slider(1, 32, value=first_defaults[0], step=1,
+                                   label="initial window (num_assistant_tokens)")
             with gr.Row():
                 draft_source = gr.Radio([("assistant model", "assistant"), ("prompt lookup (no model)",
                                                                              "prompt_lookup")],
                                         value="assistant", label="draft source")
-                schedule = gr.Radio(["heuristic", "constant", "adaptive"], value="heuristic",
+                schedule = gr.Radio(["heuristic", "constant", "adaptive"], value=first_defaults[1],
                                     label="window schedule (adaptive: cost-aware, may switch drafting off)")
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
         runs = []
@@ -106,6 +118,11 @@ def build_demo(service: Service) -> gr.Blocks:
                     choices = service.pair_choices(task)
                     pair = gr.Dropdown(choices=choices, value=service.default_pair(choices), label="model pair",
                                        elem_id=f"pair-{task}")
+                    default = service.default_pair(choices)
+                    pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
+                    # a pair's own defaults (window, schedule) come with it, as measured for it in models.yaml
+                    pair.change(pair_changed, inputs=pair, outputs=[window, schedule, pair_info],
+                                api_visibility="private", queue=False)
                     if task == "asr":
                         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
                                            label=f"speech (up to {service.max_audio_seconds:.0f} s)",
@@ -144,7 +161,8 @@ def build_demo(service: Service) -> gr.Blocks:
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
                           gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
-                          gr.Number(label="temperature"), gr.Textbox(label="draft_source")]
+                          gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
+                          gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None)]
             api_button = gr.Button("api")
             api_out = gr.JSON()
         api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare",

@@ -7,6 +7,7 @@ from typing import Callable
 
 from .decoding import GenerationResult, Step, generate
 from .loading import LoadedPair
+from .schedules import SCHEDULES
 from .tasks import decode
 
 DRAFT_SOURCES = ("assistant", "prompt_lookup")
@@ -35,6 +36,8 @@ class Settings:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.draft_source not in DRAFT_SOURCES:
             raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not isinstance(self.num_assistant_tokens, int) or not 1 <= self.num_assistant_tokens <= 64:
             raise ValueError(f"num_assistant_tokens must be from 1 to 64, got {self.num_assistant_tokens!r}")
         return self

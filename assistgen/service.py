@@ -65,6 +65,16 @@ class Service:
         """The first available pair among a dropdown's choices."""
         return next((name for label, name in choices if label == name), None)
 
+    def pair_defaults(self, pair_name: str) -> tuple[int, str]:
+        """The pair's initial window and schedule, from models.yaml."""
+        spec = self.catalog.pair(pair_name)
+        return spec.num_assistant_tokens, spec.schedule
+
+    def pair_info(self, pair_name: str) -> str:
+        """One line under the pair dropdown: what the pair is, and its defaults."""
+        spec = self.catalog.pair(pair_name)
+        return f"{spec.description} · defaults: window {spec.num_assistant_tokens}, schedule {spec.schedule}"
+
     # --- validation ------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, *, max_new_tokens=None, temperature=0.0, draft_source="assistant",
                  num_assistant_tokens=None, schedule=None, seed=0) -> Settings:

@@ -16,9 +16,9 @@ def client(tiny_app):
 
 
 def compare(client, task="chat", pair="tiny-text", text="hello there", audio=None, max_new_tokens=8,
-            temperature=0, draft_source="assistant"):
+            temperature=0, draft_source="assistant", **extra):
     return client.predict(task=task, pair=pair, text=text, audio=audio, max_new_tokens=max_new_tokens,
-                          temperature=temperature, draft_source=draft_source, api_name="/compare")
+                          temperature=temperature, draft_source=draft_source, api_name="/compare", **extra)
 
 
 def assert_figures(result):
@@ -75,6 +75,8 @@ def expect_error(client, needle, **kwargs):
     ({"task": "poetry"}, "unknown task 'poetry'"),
     ({"task": "asr", "pair": "tiny-text"}, "does not do speech recognition"),
     ({"draft_source": "oracle"}, "draft source must be one of"),
+    ({"schedule": "fastest"}, "schedule must be one of constant, heuristic, adaptive"),
+    ({"num_assistant_tokens": 0}, "num_assistant_tokens must be from 1 to 64"),
 ])
 def test_bad_text_inputs_get_a_clear_error_and_the_server_keeps_serving(client, kwargs, needle):
     expect_error(client, needle, **kwargs)
@@ -126,3 +128,18 @@ def test_uploads_over_max_file_size_are_refused_by_the_server(client, tiny_app, 
     assert response.status_code == 413
     assert "maximum allowed size" in response.text
     assert compare(client)["identical"] is True
+
+
+def test_schedule_and_window_through_the_api_default_to_the_pairs_own(client):
+    plain = compare(client)
+    assert plain["settings"]["schedule"] == "heuristic" and plain["settings"]["num_assistant_tokens"] == 5
+    chosen = compare(client, schedule="adaptive", num_assistant_tokens=3)
+    assert chosen["settings"]["schedule"] == "adaptive" and chosen["settings"]["num_assistant_tokens"] == 3
+    assert chosen["identical"] is True and chosen["assisted"]["steps"][0]["window"] == 3
+
+
+def test_each_pair_shows_its_description_and_defaults(tiny_app):
+    _, service = tiny_app
+    assert service.pair_defaults("tiny-text") == (5, "heuristic")
+    info = service.pair_info("tiny-text")
+    assert "window 5" in info and "schedule heuristic" in info
