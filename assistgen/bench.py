@@ -8,7 +8,8 @@ Every item (prompt or clip) runs its baseline once per repeat and temperature, t
 speedup is taken against the baseline run of the same item, repeat and temperature; the order of the runs rotates
 from one item to the next, so drift on a shared machine hits every configuration alike.
 
-Writes results.json (every run and the summary), results.md (tables) and PNG plots into --out. Timings are figures
+Writes results.json (every run and the summary), results.md (tables) and PNG plots into --out, and runs.jsonl
+line by line while it runs. Timings are figures
 to read, never asserts.
 """
 from __future__ import annotations
@@ -206,7 +207,7 @@ def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool
 
 def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sources: list[str], schedules: list[str],
               repeats: int, max_new_tokens: int, num_assistant_tokens: int = 5, peer: bool = False,
-              progress=None) -> list[dict]:
+              progress=None, log=None) -> list[dict]:
     from .audio import load_audio
     from .tasks import asr_inputs, text_inputs
     prepared = []
@@ -247,6 +248,9 @@ def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sourc
                 comparison = Comparison(pair, item.task, Settings(temperature=temperature), config.draft_source,
                                         baseline["result"], run["result"], "", "")
             rows.append(_row(item, repeat, temperature, config, run, baseline, comparison))
+            if log is not None:  # one line per run as it lands: a long benchmark can be followed, and survives a stop
+                log.write(json.dumps(rows[-1]) + "\n")
+                log.flush()
     return rows
 
 
@@ -495,10 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         meta["floor"] = floor(pair, memory_bandwidth_gb_s())
     bar, report = _progress_bar()
     try:
-        rows = run_bench(pair, items, temperatures=args.temperatures, draft_sources=args.draft_sources,
-                         schedules=args.schedules, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
-                         num_assistant_tokens=args.num_assistant_tokens, peer=args.peer, progress=report)
-    except Exception as exc:  # an input the pair cannot take: say which, keep nothing half-written
+        with open(out / "runs.jsonl", "w") as log:
+            rows = run_bench(pair, items, temperatures=args.temperatures, draft_sources=args.draft_sources,
+                             schedules=args.schedules, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
+                             num_assistant_tokens=args.num_assistant_tokens, peer=args.peer, progress=report, log=log)
+    except Exception as exc:  # an input the pair cannot take: say which
         bar.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
