@@ -179,11 +179,11 @@ def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
 def floor(pair, bandwidth_gb_s: float) -> dict:
     """The fastest possible baseline: every weight read once per token, at the machine's copy bandwidth."""
     model = pair.target.model
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    # Tied input/output embeddings are counted once by parameters(), and the embedding lookup reads one row only.
+    weight_bytes = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
+    # The embedding lookup reads one row per token, not the table (unless the output layer shares it).
     embeddings = model.get_input_embeddings()
-    tied = embeddings is not None and model.get_output_embeddings() is not None and \
-        model.get_output_embeddings().weight is embeddings.weight
+    output = model.get_output_embeddings()
+    tied = output is not None and getattr(output, "weight", None) is embeddings.weight
     if embeddings is not None and not tied:
         weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
     return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),

@@ -86,3 +86,20 @@ def test_summary_medians_and_spread():
     (s,) = summarize(rows)
     assert s["runs"] == 4 and s["speedup"] == 1.35 and (s["speedup_min"], s["speedup_max"]) == (0.9, 3.0)
     assert s["identical_share"] == 0.75 and s["tokens_per_pass"] == 2.0
+
+
+def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
+    from types import SimpleNamespace
+
+    import tiny_models as tm
+    from assistgen.bench import floor
+    from assistgen.cpu import use_onednn_linears
+    from assistgen.loading import _count
+    model = tm.qwen2(0)
+    _, nbytes = _count(model)
+    use_onednn_linears(model)  # as loading does on CPU: the linear weights leave parameters()
+    embedding = model.get_input_embeddings().weight
+    pair = SimpleNamespace(target=SimpleNamespace(model=model, num_bytes=nbytes))
+    result = floor(pair, bandwidth_gb_s=10.0)
+    assert result["bytes_per_token"] == nbytes - embedding.numel() * 4
+    assert result["floor_ms_per_token"] == round(1000 * result["bytes_per_token"] / 10e9, 2)
