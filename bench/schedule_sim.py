@@ -1,0 +1,187 @@
+"""Window schedules replayed on recorded acceptance traces: a fast, repeatable way to compare schedules.
+
+    .venv/bin/python bench/schedule_sim.py record     # ~6 min: greedy outputs of the offline Qwen pair + traces
+    .venv/bin/python bench/schedule_sim.py            # replay every schedule on bench/acceptance_traces.json
+
+A trace is, for each token of the target's greedy output, whether the assistant's own greedy prediction at that
+position (teacher-forced on the target's tokens) matches it. With greedy drafting this is exact: a window of k
+drafted at position i has min(k, run of matches from i) drafts accepted. Pass costs come from measurements on this
+machine (PASS_S below, median of 12, 150 tokens of context), so the replay prices each step as the real loop would.
+The replay leaves out per-step bookkeeping and the assistant's catch-up pass, so it is a model of the real loop.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TRACES = Path(__file__).with_name("acceptance_traces.json")
+
+# Qwen2.5-Coder 1.5B fp32 (oneDNN) forward seconds by the number of tokens it reads (1 = a plain step; k drafts are
+# verified in a pass over k + 1 tokens); the 0.5B assistant's seconds per drafted token, int8 and fp32.
+PASS_S = {1: 0.30, 2: 0.43, 3: 0.48, 4: 0.52, 6: 0.53, 8: 0.576, 12: 0.651, 16: 0.748, 33: 1.2}
+ASSISTANT_S = {"int8": 0.045, "fp32": 0.097}
+PREFILL_S = 1.5
+
+
+def pass_seconds(rows: int) -> float:
+    ks = sorted(PASS_S)
+    for a, b in zip(ks, ks[1:]):
+        if a <= rows <= b:
+            return PASS_S[a] + (PASS_S[b] - PASS_S[a]) * (rows - a) / (b - a)
+    return PASS_S[ks[-1]]
+
+
+def replay(match: list[int], schedule, assistant_s: float) -> float:
+    """Speedup of one generation over plain decoding, under `schedule`."""
+    n, i, seconds, first = len(match), 0, 0.0, True
+    while i < n:
+        k = min(schedule.window, n - i - 1) if schedule.window else 0
+        accepted = 0
+        while accepted < k and match[i + accepted]:
+            accepted += 1
+        verify = pass_seconds(k + 1) + (PREFILL_S if first else 0.0)
+        schedule.update(k, accepted, k * assistant_s, verify)
+        seconds += k * assistant_s + verify
+        i, first = i + accepted + 1, False
+    return (n * pass_seconds(1) + PREFILL_S) / seconds
+
+
+def oracle(match: list[int], assistant_s: float) -> float:
+    """An upper bound: a schedule that knows each run of matches and drafts exactly that run when it pays."""
+    n, i, seconds = len(match), 0, PREFILL_S
+    while i < n:
+        run = 0
+        while i + run < n - 1 and match[i + run] and run < 32:
+            run += 1
+        if run and (run + 1) / (run * assistant_s + pass_seconds(run + 1)) > 1 / pass_seconds(1):
+            seconds += (run + 1) * assistant_s + pass_seconds(run + 1)
+            i += run + 1
+        else:
+            seconds += pass_seconds(1)
+            i += 1
+    return (n * pass_seconds(1) + PREFILL_S) / seconds
+
+
+class ExpectedRateSchedule:
+    """The first "adaptive" (kept here for comparison): k = argmax E[tokens | alpha, k] / (k T_a + T_verify(k)),
+    alpha i.i.d. from decayed counts, the plain pass measured on its own, T_verify(k >= 1) a fitted line, a
+    neighbouring k or k = 0 explored every 4 steps, probes with back-off when k = 0 wins."""
+
+    def __init__(self, k0, decay=0.85, probe_every=8, probe_window=3, explore_every=4, max_window=32):
+        self.window, self.decay, self.explore_every, self.max_window = k0, decay, explore_every, max_window
+        self.probe_every, self.probe_window = probe_every, probe_window
+        self.acc = self.trials = self.a_s = self.a_n = self.d_tok = self.d_s = 0.0
+        self.verify: dict[int, float] = {}
+        self.steps = self.idle = 0
+        self.interval = probe_every
+
+    def alpha(self):
+        return (self.acc + 1) / (self.trials + 2)
+
+    def verify_s(self, k):
+        if k == 0:
+            drafting = [t for x, t in self.verify.items() if x]
+            return self.verify.get(0, min(drafting) / 1.5 if drafting else 1.0)
+        ks = sorted(x for x in self.verify if x)
+        if not ks:
+            return self.verify.get(0, 1.0) * (1.5 + 0.05 * k)
+        if len(ks) == 1:
+            return self.verify[ks[0]] * (1 + 0.05 * (k - ks[0]))
+        mk, mt = sum(ks) / len(ks), sum(self.verify[x] for x in ks) / len(ks)
+        slope = sum((x - mk) * (self.verify[x] - mt) for x in ks) / sum((x - mk) ** 2 for x in ks)
+        return max(1e-6, mt + max(0.0, slope) * (k - mk))
+
+    def rate(self, k):
+        a = min(self.alpha(), 0.999)
+        per = self.a_s / self.a_n if self.a_n else 0.0
+        return (1 - a ** (k + 1)) / (1 - a) / (k * per + self.verify_s(k))
+
+    def update(self, drafted, accepted, draft_s, verify_s):
+        self.steps += 1
+        d = self.decay
+        if drafted:
+            self.acc = d * self.acc + accepted
+            self.trials = d * self.trials + accepted + (accepted < drafted)
+        if self.steps > 1:
+            if drafted:
+                self.a_s, self.a_n = d * self.a_s + draft_s, d * self.a_n + drafted
+                self.d_tok, self.d_s = d * self.d_tok + accepted + 1, d * self.d_s + draft_s + verify_s
+            old = self.verify.get(drafted)
+            self.verify[drafted] = verify_s if old is None else d * old + (1 - d) * verify_s
+        if not self.a_n:
+            if drafted:
+                self.window = self.window + 2 if accepted == drafted else max(1, self.window - 1)
+            return
+        if 0 not in self.verify:
+            self.window = 0
+            return
+        best = max(range(1, self.max_window + 1), key=self.rate)
+        plain = 1 / self.verify_s(0)
+        realised = self.d_tok / self.d_s if self.d_s else float("inf")
+        if self.rate(best) <= plain or realised < plain:
+            self.idle += 1
+            if self.idle >= self.interval:
+                self.idle, self.interval = 0, 2 * self.interval
+                self.window = min(best, self.probe_window)
+            else:
+                self.window = 0
+            return
+        self.idle, self.interval = 0, self.probe_every
+        if self.steps % self.explore_every == 0:
+            cycle = self.steps // self.explore_every
+            best = 0 if cycle % 2 else max(1, best + (1 if cycle % 4 == 0 else -1))
+        self.window = best
+
+
+def simulate() -> None:
+    from assistgen.schedules import AdaptiveSchedule, ConstantSchedule, HeuristicSchedule
+    traces = json.loads(TRACES.read_text())
+    schedules = {"heuristic": lambda: HeuristicSchedule(5), "constant 5": lambda: ConstantSchedule(5),
+                 "adaptive": lambda: AdaptiveSchedule(5), "expected-rate model": lambda: ExpectedRateSchedule(5)}
+    print("| assistant | suite | " + " | ".join(schedules) + " | oracle |")
+    print("|---|---|" + "---|" * (len(schedules) + 1))
+    for assistant, seconds in ASSISTANT_S.items():
+        for suite in ("code", "chat", "translation"):
+            names = [name for name in traces if name.startswith(suite)]
+            cells = []
+            for make in schedules.values():
+                speedups = [replay(traces[name][assistant], make(), seconds) for name in names]
+                cells.append(f"{statistics.median(speedups):.2f}× (min {min(speedups):.2f})")
+            best = statistics.median(oracle(traces[name][assistant], seconds) for name in names)
+            print(f"| {assistant} | {suite} ({len(names)}) | " + " | ".join(cells) + f" | {best:.2f}× |")
+
+
+def record() -> None:
+    import torch
+
+    from assistgen.bench import builtin_items
+    from assistgen.catalog import load_catalog
+    from assistgen.decoding import generate
+    from assistgen.pool import ModelPool
+    from assistgen.tasks import text_inputs
+    catalog = load_catalog()
+    pool = ModelPool(catalog)
+    pair = pool.pair("qwen2.5-coder-1.5b+0.5b-int8")
+    assistants = {"int8": pair.assistant.model, "fp32": pool.model(catalog.models["qwen2.5-coder-0.5b-instruct"]).model}
+    traces = {}
+    for suite in ("code", "chat", "translation"):
+        for item in builtin_items(suite):
+            inputs = text_inputs(pair, item.task, item.text)
+            result = generate(pair.target.model, inputs, max_new_tokens=96, eos_token_id=list(pair.target.eos_token_ids))
+            sequence = torch.cat([inputs["input_ids"], torch.tensor([result.new_tokens])], dim=1)
+            start = inputs["input_ids"].shape[1]
+            traces[item.name] = {"steps_s": [s.verify_s for s in result.steps]}
+            for name, model in assistants.items():
+                with torch.inference_mode():
+                    predicted = model(input_ids=sequence).logits[0, start - 1:-1].argmax(-1).tolist()
+                traces[item.name][name] = [int(p == t) for p, t in zip(predicted, result.new_tokens)]
+            print(item.name, {n: round(sum(traces[item.name][n]) / len(result.new_tokens), 3) for n in assistants})
+    TRACES.write_text(json.dumps(traces))
+
+
+if __name__ == "__main__":
+    record() if sys.argv[1:] == ["record"] else simulate()
