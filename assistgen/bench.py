@@ -1,6 +1,6 @@
 """Benchmark: does assisted generation pay off for this pair, task and machine, and by how much?
 
-    python -m assistgen bench --pair qwen2.5-coder-1.5b+0.5b --suite code --suite chat \\
+    python -m assistgen bench --pair qwen2.5-coder-1.5b+0.5b-int8 --suite code --suite chat \\
         --temperatures 0,0.7 --schedules heuristic,adaptive --repeats 2 --peer --out results/
 
 Every item (prompt or clip) runs its baseline once per repeat and temperature, then each assisted configuration
@@ -102,31 +102,37 @@ def builtin_items(suite: str, limit: int | None = None) -> list[Item]:
 
 def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
     """The same run through transformers' generate(assistant_model=...), on the same model objects."""
-    from transformers import GenerationConfig
+    import copy
     target, assistant = pair.target.model, pair.assistant.model
     # transformers reads the assisted-generation knobs from the assistant's generation_config, and its heuristic
     # schedule mutates num_assistant_tokens there: set them before every call.
     assistant.generation_config.num_assistant_tokens = settings.num_assistant_tokens
     assistant.generation_config.num_assistant_tokens_schedule = settings.schedule
     assistant.generation_config.assistant_confidence_threshold = 0.0
-    config = GenerationConfig(do_sample=settings.do_sample, num_beams=1, max_new_tokens=settings.max_new_tokens,
-                              eos_token_id=list(pair.target.eos_token_ids),
-                              pad_token_id=pair.target.tokenizer.pad_token_id or pair.target.eos_token_ids[0],
-                              **({"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
-                                 if settings.do_sample else {}))
+    config = copy.deepcopy(target.generation_config)  # Whisper keeps its language and task tables there
+    config.update(do_sample=settings.do_sample, num_beams=1, max_new_tokens=settings.max_new_tokens,
+                  eos_token_id=list(pair.target.eos_token_ids),
+                  pad_token_id=pair.target.tokenizer.pad_token_id or pair.target.eos_token_ids[0],
+                  **({"temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+                     if settings.do_sample else {}))
     kwargs = {"assistant_model": assistant}
     if pair.mode == "different-tokenizer":
         kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
-    prefix = inputs["decoder_input_ids"] if "decoder_input_ids" in inputs else inputs["input_ids"]
+    if "input_features" in inputs:  # Whisper takes its start tokens as language and task, not decoder_input_ids
+        prefix = inputs["decoder_input_ids"][0].tolist()
+        model_inputs = {"input_features": inputs["input_features"]}
+        if getattr(config, "lang_to_id", None) and getattr(config, "task_to_id", None):
+            kwargs.update(language="en", task="transcribe")
+    else:
+        prefix = inputs["input_ids"][0].tolist()
+        model_inputs = inputs
     torch.manual_seed(settings.seed)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = target.generate(**inputs, generation_config=config, **kwargs)
+        out = target.generate(**model_inputs, generation_config=config, **kwargs)
     elapsed = time.perf_counter() - start
     sequence = out[0].tolist()
-    if "decoder_input_ids" not in inputs or sequence[:prefix.shape[1]] == prefix[0].tolist():
-        sequence = sequence[prefix.shape[1]:]
-    return sequence, elapsed
+    return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 
 
 def run_once(pair, task: str, inputs: dict, settings: Settings, config: Config) -> dict:
