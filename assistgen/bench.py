@@ -469,9 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .catalog import CatalogError, load_catalog
-    from .cli import _progress_bar
-    from .loading import LoadError, pair_availability
-    from .pool import ModelPool
+    from .cli import CliError, _progress_bar, load_pair
     args = build_parser().parse_args(argv)
     try:
         catalog = load_catalog(args.catalog)
@@ -486,15 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"pair {spec.name!r} does not do {', '.join(wrong)}; it does {', '.join(spec.tasks)}")
         if args.repeats < 1 or not 1 <= args.max_new_tokens <= 1024:
             raise ValueError("--repeats must be at least 1 and --max-new-tokens from 1 to 1024")
-        ok, why = pair_availability(spec, catalog)
-        if not ok:
-            raise ValueError(f"pair {spec.name!r} is unavailable: {why}")
-        bar, report = _progress_bar()
-        try:
-            pair = ModelPool(catalog).pair(spec, report)
-        finally:
-            bar.close()
-    except (CatalogError, KeyError, ValueError, OSError, LoadError) as exc:
+        pair = load_pair(catalog, spec)
+    except (CatalogError, CliError, KeyError, ValueError, OSError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     out = Path(args.out)

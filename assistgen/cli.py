@@ -24,8 +24,24 @@ def _progress_bar():
     return bar, report
 
 
+def load_pair(catalog, spec):
+    """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
+    from .loading import LoadError, pair_availability
+    from .pool import ModelPool
+    ok, why = pair_availability(spec, catalog)
+    if not ok:
+        raise CliError(f"pair {spec.name!r} is unavailable: {why}")
+    bar, report = _progress_bar()
+    try:
+        return ModelPool(catalog).pair(spec, report)
+    except LoadError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        bar.close()
+
+
 def cmd_models(args) -> int:
-    from .loading import availability, pair_availability
+    from .loading import pair_availability
     catalog = load_catalog(args.catalog)
     rows = []
     for pair in catalog.pairs:
@@ -49,8 +65,6 @@ def cmd_models(args) -> int:
 def cmd_compare(args) -> int:
     from .audio import load_audio
     from .compare import Settings, compare
-    from .loading import LoadError, pair_availability
-    from .pool import ModelPool
     from .tasks import InputError, asr_inputs, text_inputs
     catalog = load_catalog(args.catalog)
     try:
@@ -71,16 +85,7 @@ def cmd_compare(args) -> int:
         audio = load_audio(args.audio) if args.task == "asr" else None
     except (ValueError, InputError) as exc:
         raise CliError(str(exc)) from None
-    ok, why = pair_availability(spec, catalog)
-    if not ok:
-        raise CliError(f"pair {spec.name!r} is unavailable: {why}")
-    bar, report = _progress_bar()
-    try:
-        pair = ModelPool(catalog).pair(spec, report)
-    except LoadError as exc:
-        raise CliError(str(exc)) from None
-    finally:
-        bar.close()
+    pair = load_pair(catalog, spec)
     try:
         inputs = asr_inputs(pair, audio) if args.task == "asr" else text_inputs(
             pair, args.task, args.text, target_language=args.target_language)
