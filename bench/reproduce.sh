@@ -14,6 +14,7 @@ bench qwen-int8 --pair qwen2.5-coder-1.5b+0.5b-int8 --suite code --suite chat --
 bench qwen-fp32 --pair qwen2.5-coder-1.5b+0.5b --suite code --suite chat --limit 5 --schedules heuristic,adaptive --peer
 # Speech: six espeak-ng clips, several voices and speeds
 bench whisper --pair whisper-base+tiny.en --suite speech --schedules heuristic,adaptive --peer
+bench whisper-int8 --pair whisper-base+tiny.en-int8 --suite speech --schedules heuristic,adaptive
 # A different-tokenizer assistant, 11x smaller
 bench qwen-smollm2 --pair qwen2.5-coder-1.5b+smollm2-135m --suite code --suite chat --limit 5 --schedules heuristic,adaptive
 # Temperature sweep (speculative sampling)

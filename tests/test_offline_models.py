@@ -58,6 +58,15 @@ def test_whisper_base_transcribes_an_espeak_clip(real_service, tmp_path):
     assert result.assisted.acceptance_rate > 0.5  # tiny.en's drafts, re-tokenized for base, are mostly right
 
 
+def test_whisper_base_with_an_int8_assistant_keeps_the_transcript(real_service, tmp_path):
+    from assistgen.audio import load_audio
+    pair = real_service.pool.pair("whisper-base+tiny.en-int8")  # the speech default
+    clip = speech_wav(tmp_path / "clip.wav", "The meeting has been moved to Thursday afternoon.")
+    result = compare(pair, "asr", asr_inputs(pair, load_audio(clip)), Settings(max_new_tokens=40))
+    assert {"meeting", "thursday", "afternoon"} <= set(words(result.baseline_text))
+    assert result.identical and result.assisted.acceptance_rate is not None
+
+
 @pytest.fixture(scope="session")
 def real_app(real_service):
     import app
