@@ -87,7 +87,8 @@ def build_demo(service: Service) -> gr.Blocks:
         except Exception as exc:  # as in the page's handler: a clear message, not Gradio's generic one
             raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); try again") from None
 
-    first_pair = service.default_pair(service.pair_choices(next(iter(TASK_LABELS))))
+    choices_by_task = {task: service.pair_choices(task) for task in TASK_LABELS}  # availability once per task
+    first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])
     first_defaults = service.pair_defaults(first_pair) if first_pair else (5, "heuristic")
 
     def pair_changed(name):
@@ -115,10 +116,9 @@ def build_demo(service: Service) -> gr.Blocks:
         with gr.Tabs():
             for task, label in TASK_LABELS.items():
                 with gr.Tab(label, id=task):
-                    choices = service.pair_choices(task)
-                    pair = gr.Dropdown(choices=choices, value=service.default_pair(choices), label="model pair",
-                                       elem_id=f"pair-{task}")
+                    choices = choices_by_task[task]
                     default = service.default_pair(choices)
+                    pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
                     pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
                     # a pair's own defaults (window, schedule) come with it, as measured for it in models.yaml
                     pair.change(pair_changed, inputs=pair, outputs=[window, schedule, pair_info],

@@ -135,7 +135,7 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
     return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 
 
-def run_once(pair, task: str, inputs: dict, settings: Settings, config: Config) -> dict:
+def run_once(pair, inputs: dict, settings: Settings, config: Config) -> dict:
     if config.engine == "transformers":
         tokens, latency = _peer(pair, inputs, settings)
         return {"tokens": tokens, "latency_s": latency, "result": None}
@@ -168,8 +168,8 @@ def _row(item: Item, repeat: int, temperature: float, config: Config, run: dict,
         predicted, c = comparison.predicted_speedup, comparison.cost_ratio
         row.update(predicted_speedup=None if predicted is None else round(predicted, 4),
                    cost_ratio=None if c is None else round(c, 4))
-    if baseline["result"] is not None and baseline is run:
-        steps = baseline["result"].steps[1:]  # after the prefill: the steady per-token cost
+    if config is BASELINE:
+        steps = result.steps[1:]  # after the prefill: the steady per-token cost
         row["ms_per_token"] = round(1000 * statistics.median(s.verify_s for s in steps), 2) if steps else None
     return row
 
@@ -204,7 +204,7 @@ def floor(pair, bandwidth_gb_s: float) -> dict:
 
 # --- the loop -------------------------------------------------------------------------------------------------------
 
-def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool, temperature: float) -> list[Config]:
+def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool) -> list[Config]:
     configs = [BASELINE]
     for source in draft_sources:
         if source == "assistant" and not pair.assistant_usable:
@@ -230,10 +230,10 @@ def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sourc
     warm_up(pair, prepared[0][1])
     plan = [(repeat, temperature, item, inputs) for repeat in range(repeats) for temperature in temperatures
             for item, inputs in prepared]
-    total = sum(len(configs_for(pair, draft_sources, schedules, peer, t)) for _, t, _, _ in plan)
+    configs = configs_for(pair, draft_sources, schedules, peer)
+    total = len(plan) * len(configs)
     rows, done = [], 0
     for n, (repeat, temperature, item, inputs) in enumerate(plan):
-        configs = configs_for(pair, draft_sources, schedules, peer, temperature)
         order = configs[n % len(configs):] + configs[:n % len(configs)]
         runs: dict[Config, dict] = {}
         for config in order:
@@ -242,8 +242,10 @@ def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sourc
                                 num_assistant_tokens=num_assistant_tokens,
                                 schedule=config.schedule if config.schedule != "-" else "heuristic").validate()
             try:
-                runs[config] = run_once(pair, item.task, inputs, settings, config)
-            except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash
+                runs[config] = run_once(pair, inputs, settings, config)
+            except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
+                if config.engine != "transformers":
+                    raise
                 runs[config] = {"error": f"{type(exc).__name__}: {exc}"}
             done += 1
             if progress:

