@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .drafting import (AssistantCandidates, CandidateGenerator, DifferentTokenizerCandidates, PromptLookupCandidates,
-                       translate_prefix)
+from .drafting import (AssistantCandidates, CandidateGenerator, DifferentTokenizerCandidates, Draft,
+                       PromptLookupCandidates, translate_prefix)
 from .kv import CachedDecoder
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import make_schedule
@@ -22,13 +22,14 @@ from .schedules import make_schedule
 @dataclass(frozen=True)
 class Step:
     """One target forward pass."""
-    drafted: list[int]   # candidates proposed (empty for a plain decoding step)
+    drafted: list[int]   # candidates the target verified (empty for a plain decoding step)
     accepted: int        # how many of them were kept: emitted[:accepted] == drafted[:accepted]
     emitted: list[int]   # tokens appended: the accepted candidates, then the target's own token (unless an accepted
                          # candidate was EOS, where the step ends)
     window: int          # the schedule's window for this step (drafted may be shorter: EOS, token budget, no match)
     draft_s: float       # seconds spent drafting
     verify_s: float      # seconds in the target pass and acceptance
+    withheld: int = 0    # further candidates drafted but not verified: the schedule judged them unlikely to pay
 
 
 @dataclass
@@ -176,10 +177,19 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     while len(new_tokens) < budget:
         # 1. Draft: never more candidates than the budget has room for beyond the target's own token.
         t0 = time.perf_counter()
+        #    The schedule may stop drafting early, judged by the draft model's confidence in each token so far (the
+        #    adaptive schedule does; the others draft the whole window). With greedy drafts it may also withhold the
+        #    last few from verification. Sampled drafts are all verified: withholding one because of its own
+        #    probability would bias the output (in speculative sampling a draft's fate may depend only on the drafts
+        #    before it).
         window = schedule.window if candidate_generator is not None else 0
         k = min(window, budget - len(new_tokens) - 1)
-        candidates, candidate_probs = (candidate_generator.get_candidates(tokens, k, sampler) if k > 0 else ([], None))
-        candidates = candidates[:k]
+        draft = candidate_generator.get_candidates(tokens, k, sampler, schedule.keep_drafting) if k > 0 else Draft([])
+        verify = len(draft.tokens)
+        if sampler is None and draft.confidences is not None:
+            verify = schedule.verify_count(draft.confidences)
+        candidates = draft.tokens[:min(k, verify)]
+        candidate_probs = None if draft.probs is None else draft.probs[:len(candidates)]
         t1 = time.perf_counter()
         # 2. Verify: one target pass scores every candidate position and the one after them.
         logits = target.logits(tokens + candidates, keep=len(candidates) + 1)
@@ -196,9 +206,10 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
         t2 = time.perf_counter()
         tokens += emitted
         new_tokens += emitted
-        step = Step(candidates, accepted, emitted, window, t1 - t0, t2 - t1)
+        withheld = len(draft.tokens) - len(candidates)
+        step = Step(candidates, accepted, emitted, window, t1 - t0, t2 - t1, withheld)
         steps.append(step)
-        schedule.update(len(candidates), accepted, step.draft_s, step.verify_s)
+        schedule.update(len(candidates), accepted, step.draft_s, step.verify_s, draft.confidences)
         if on_step is not None:
             on_step(step)
         if stop_reason == "eos":

@@ -1,7 +1,7 @@
 """Draft sources behind one narrow protocol: propose candidate tokens for the target to verify."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -9,15 +9,21 @@ from .kv import CachedDecoder
 from .sampling import Sampler
 
 
+class Draft(NamedTuple):
+    tokens: list[int]
+    probs: torch.Tensor | None = None   # (len(tokens), vocab): what each token was sampled from; None when not sampled
+    confidences: list[float] | None = None  # the draft model's probability of each token; None for model-free drafts
+
+
 class CandidateGenerator(Protocol):
     """What the decoding loop needs from a draft source (cf. transformers' ``CandidateGenerator``)."""
 
     passes: int  # forward passes of a draft model, 0 for model-free sources
 
-    def get_candidates(self, tokens: list[int], num_candidates: int,
-                       sampler: Sampler | None) -> tuple[list[int], torch.Tensor | None]:
-        """Up to `num_candidates` tokens to follow `tokens`, and ``(len(candidates), vocab)`` probabilities they were
-        sampled from (``None`` for greedy or deterministic candidates)."""
+    def get_candidates(self, tokens: list[int], num_candidates: int, sampler: Sampler | None,
+                       keep_drafting: Callable[[list[float]], bool] | None = None) -> Draft:
+        """Up to `num_candidates` tokens to follow `tokens`. A source with confidences asks `keep_drafting` (given
+        the confidences so far) after each token whether to draft another."""
         ...
 
 
@@ -32,21 +38,26 @@ class AssistantCandidates:
     def passes(self) -> int:
         return self.assistant.passes
 
-    def get_candidates(self, tokens, num_candidates, sampler):
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         candidates: list[int] = []
         probs: list[torch.Tensor] = []
+        confidences: list[float] = []
         for _ in range(num_candidates):
             logits = self.assistant.logits(tokens + candidates)[0]
             if sampler is None:
                 token = int(logits.argmax())
+                confidences.append(float(torch.softmax(logits, -1)[token]))
             else:
                 q = sampler.probs(logits)
                 token = sampler.sample(q)
                 probs.append(q)
+                confidences.append(float(q[token]))
             candidates.append(token)
             if token in self.eos_token_ids:  # nothing can follow an accepted EOS
                 break
-        return candidates, (torch.stack(probs) if probs else None)
+            if keep_drafting is not None and not keep_drafting(confidences):
+                break
+        return Draft(candidates, torch.stack(probs) if probs else None, confidences)
 
 
 class PromptLookupCandidates:
@@ -58,13 +69,13 @@ class PromptLookupCandidates:
     def __init__(self, max_ngram_size: int = 3):
         self.max_ngram_size = max_ngram_size
 
-    def get_candidates(self, tokens, num_candidates, sampler):
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         for n in range(min(self.max_ngram_size, len(tokens) - 1), 0, -1):
             ngram = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == ngram:
-                    return tokens[start + n:start + n + num_candidates], None
-        return [], None
+                    return Draft(tokens[start + n:start + n + num_candidates])
+        return Draft([])
 
 
 class DifferentTokenizerCandidates:
@@ -91,7 +102,7 @@ class DifferentTokenizerCandidates:
     def passes(self) -> int:
         return self.assistant.passes
 
-    def get_candidates(self, tokens, num_candidates, sampler):
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         generated = tokens[self.target_prefix_length:]
         text = self.target_tokenizer.decode(generated, skip_special_tokens=True)
         assistant_tokens = self.assistant_prefix + self.assistant_tokenizer.encode(text, add_special_tokens=False)
@@ -113,7 +124,7 @@ class DifferentTokenizerCandidates:
             candidates = candidates[:num_candidates - 1] + [min(self.target_eos)] if self.target_eos else candidates
         elif len(candidates) > 1:
             candidates = candidates[:-1]
-        return candidates[:num_candidates], None
+        return Draft(candidates[:num_candidates])
 
 
 def translate_prefix(prefix: list[int], target_tokenizer, assistant_tokenizer, *, drop: set[str] = frozenset()) -> list[int]:

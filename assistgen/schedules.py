@@ -5,9 +5,21 @@ from typing import Protocol
 
 
 class WindowSchedule(Protocol):
-    window: int  # number of candidates to draft in the next step
+    window: int  # at most this many candidates to draft in the next step
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None: ...
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """After each drafted token, given the draft model's confidence in each so far: draft another?"""
+        ...
+
+    def verify_count(self, confidences: list[float]) -> int:
+        """How many of the drafted tokens (with these confidences) the target should verify."""
+        ...
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float,
+               confidences: list[float] | None = None) -> None:
+        """After a step: `drafted` candidates verified, `accepted` of them kept; `confidences` of every token the
+        draft model proposed (None for model-free drafts)."""
+        ...
 
 
 def heuristic_window(window: int, drafted: int, accepted: int, *, lowest: int = 1, highest: int | None = None) -> int:
@@ -20,81 +32,166 @@ class ConstantSchedule:
     def __init__(self, num_assistant_tokens: int):
         self.window = num_assistant_tokens
 
-    def update(self, drafted, accepted, draft_s, verify_s):
+    def keep_drafting(self, confidences):
+        return True
+
+    def verify_count(self, confidences):
+        return len(confidences)
+
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         pass
 
 
-class HeuristicSchedule:
+class HeuristicSchedule(ConstantSchedule):
     """transformers' "heuristic": +2 after a step whose candidates were all accepted, otherwise -1 (at least 1)."""
 
-    def __init__(self, num_assistant_tokens: int):
-        self.window = num_assistant_tokens
-
-    def update(self, drafted, accepted, draft_s, verify_s):
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         if drafted:
             self.window = heuristic_window(self.window, drafted, accepted)
 
 
 class AdaptiveSchedule:
-    """Cost-aware: draft only while drafting pays on this machine, as measured during this generation.
+    """Cost-aware drafting: each draft token is weighed by the chance that the target accepts it against what it costs
+    on this machine, both measured during this generation.
 
-    The window follows the heuristic's rule (+2 after a step whose drafts were all accepted, -1 otherwise), at least
-    `min_window`, because acceptance comes in bursts: a code block is accepted run after run, prose is not, and a
-    growing window rides a burst. What this schedule adds is the decision whether to draft at all. It measures a
-    plain pass (k = 0: the target alone, the assistant idle) and the realised tokens per second of drafting steps
-    (tokens emitted over assistant plus verification seconds, exponentially decayed), and drafts only while that
-    beats plain decoding. When it does not, the assistant idles, and a probe at the current window re-tests drafting
-    at intervals that double while drafting keeps losing. The first step (it also reads the prompt) is left out of
-    the costs, and the step after the first timed drafting step is a plain pass, to measure one.
+    - **Chance.** The draft model's confidence in its token (its probability), mapped through a calibration learnt
+      online: per confidence bin, how often such a draft was accepted, given that the drafts before it were (a prior
+      of `prior_strength` drafts at the bin's own confidence). A draft's chance to survive is the product of the
+      chances of it and every draft before it.
+    - **Cost.** Seconds per assistant token, a plain target pass (one row), and a verification pass as a line in
+      the rows it reads (two or more: k drafts need k + 1), from decayed means of this generation's steps (the
+      first, which also reads the prompt, is left out). A draft is worth one plain pass if accepted.
+    - **Per token.** Keep drafting while the chance that the next draft survives (this one's chance times its own
+      calibrated confidence again) pays for one more assistant pass and one more verified row. Then verify the
+      prefix with the largest expected saving: the sum of survival chances times a plain pass, less the extra
+      verification seconds. Drafts past it are withheld.
+    - **Whether to draft at all.** Drafting costs at least one assistant pass, whatever is then verified. The
+      realised tokens per second of drafting steps (decayed) is compared with a plain pass; while drafting loses,
+      the assistant idles and a probe re-tests it at intervals that double while it keeps losing.
 
-    Why not pick k from a model, k = argmax E[tokens | alpha, k] / (k T_assistant + T_verify(k)) with E from an
-    i.i.d. acceptance rate? That model was this schedule's first version. Acceptance is far from i.i.d. (see the
-    bursts above), so the model underrates long windows inside a burst and overrates short ones outside it: on
-    recorded acceptance traces of the offline Qwen pair it lost to the plain heuristic on code (1.31x vs 1.51x,
-    README "Results").
+    Without confidences (prompt lookup, an assistant with another tokenizer) the window follows the heuristic's
+    +2/-1 rule, at least `min_window`, with the same on/off decision.
+
+    Why per token? Acceptance is far from i.i.d.: it comes in bursts (a code block is accepted run after run, prose
+    is not), and the draft model's confidence tracks them. This schedule's first version picked one k per step,
+    k = argmax E[tokens | alpha, k] / (k T_assistant + T_verify(k)), from an i.i.d. acceptance rate alpha; on
+    recorded acceptance traces of the offline Qwen pair it lost to the plain heuristic (README "Results").
     """
 
-    def __init__(self, num_assistant_tokens: int, *, decay: float = 0.7, min_window: int = 2, probe_every: int = 8,
-                 max_window: int = 64, probe_keep: float = 0.3):
+    def __init__(self, num_assistant_tokens: int, *, decay: float = 0.7, min_window: int = 2, max_window: int = 32,
+                 probe_every: int = 8, probe_keep: float = 0.3, bins: int = 10, prior_strength: float = 4.0):
         self.window = self._k = num_assistant_tokens
         self.decay, self.min_window, self.max_window = decay, min_window, max_window
         self.probe_every, self.probe_keep = probe_every, probe_keep
-        self.plain_s: float | None = None       # seconds of a plain pass, decayed mean
-        self._tokens = self._seconds = 0.0      # realised output and cost of drafting steps, decayed sums
+        self._hits = [prior_strength * (b + 0.5) / bins for b in range(bins)]
+        self._seen = [prior_strength] * bins
+        self.plain_s: float | None = None         # seconds of a plain pass, decayed mean
+        self.assistant_s: float | None = None     # seconds per drafted token, decayed mean
+        self._verify: dict[int, float] = {}        # rows read -> seconds, decayed means (two rows or more)
+        self._tokens = self._seconds = 0.0         # realised output and cost of drafting steps, decayed sums
         self._steps = self._idle = 0
         self._interval = probe_every
+        self._confident = False                    # the drafts come with confidences
+
+    # -- what it has learnt -------------------------------------------------------------------------------------
+    def calibrated(self, confidence: float) -> float:
+        """How often a draft of this confidence is accepted (given the drafts before it were)."""
+        b = min(len(self._seen) - 1, max(0, int(confidence * len(self._seen))))
+        return self._hits[b] / self._seen[b]
+
+    def verify_s(self, rows: int) -> float | None:
+        """Seconds of a target pass that reads `rows` tokens; None before anything was measured."""
+        if rows <= 1 and self.plain_s is not None:
+            return self.plain_s
+        known = sorted(self._verify)
+        if not known:
+            return None
+        if rows <= 1:  # no plain pass measured yet: assume the smallest verification costs 1.2 of one
+            return self._verify[known[0]] / 1.2
+        if len(known) == 1:  # one size measured: assume 3 % more per row
+            return self._verify[known[0]] * (1 + 0.03 * (rows - known[0]))
+        mean_r = sum(known) / len(known)
+        mean_s = sum(self._verify[r] for r in known) / len(known)
+        slope = sum((r - mean_r) * (self._verify[r] - mean_s) for r in known) / sum((r - mean_r) ** 2 for r in known)
+        return max(1e-6, mean_s + max(0.0, slope) * (rows - mean_r))
 
     @property
     def drafting_rate(self) -> float | None:
         """Realised tokens per second of recent drafting steps."""
         return self._tokens / self._seconds if self._seconds else None
 
-    def update(self, drafted, accepted, draft_s, verify_s):
+    def _costs_known(self) -> bool:
+        return self.assistant_s is not None and self.verify_s(2) is not None
+
+    def _survival(self, confidences: list[float]) -> list[float]:
+        chances, chance = [], 1.0
+        for c in confidences:
+            chance *= self.calibrated(c)
+            chances.append(chance)
+        return chances
+
+    # -- the per-token decisions --------------------------------------------------------------------------------
+    def keep_drafting(self, confidences):
+        if not self._costs_known():
+            return True
+        n = len(confidences)
+        chance_next = self._survival(confidences)[-1] * self.calibrated(confidences[-1])
+        extra_s = self.assistant_s + self.verify_s(n + 2) - self.verify_s(n + 1)
+        return chance_next * self.verify_s(1) >= extra_s
+
+    def verify_count(self, confidences):
+        if not self._costs_known():
+            return len(confidences)
+        best = gain = best_gain = 0.0
+        for n, chance in enumerate(self._survival(confidences), start=1):
+            gain += chance * self.verify_s(1) - (self.verify_s(n + 1) - self.verify_s(n))
+            if gain > best_gain:
+                best, best_gain = n, gain
+        return int(best)
+
+    # -- learning from each step --------------------------------------------------------------------------------
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         self._steps += 1
         d = self.decay
+        if confidences is not None:
+            self._confident = True
+            # each verified draft up to the first rejection was tried with the ones before it accepted
+            for i, c in enumerate(confidences[:min(drafted, accepted + 1)]):
+                b = min(len(self._seen) - 1, max(0, int(c * len(self._seen))))
+                self._seen[b] += 1
+                self._hits[b] += i < accepted
         if drafted:
             self._k = heuristic_window(self._k, drafted, accepted, lowest=self.min_window, highest=self.max_window)
-            if self._steps > 1:  # the first pass also reads the whole prompt
+        proposed = len(confidences) if confidences is not None else drafted
+        if self._steps > 1:  # the first pass also reads the whole prompt
+            if proposed:
+                per = draft_s / proposed
+                self.assistant_s = per if self.assistant_s is None else d * self.assistant_s + (1 - d) * per
                 self._tokens = d * self._tokens + accepted + 1
                 self._seconds = d * self._seconds + draft_s + verify_s
-        elif self._steps > 1:
-            self.plain_s = verify_s if self.plain_s is None else d * self.plain_s + (1 - d) * verify_s
-        if self._steps == 1:
-            self.window = self._k
+            rows = drafted + 1
+            if rows == 1:
+                self.plain_s = verify_s if self.plain_s is None else d * self.plain_s + (1 - d) * verify_s
+            else:
+                old = self._verify.get(rows)
+                self._verify[rows] = verify_s if old is None else d * old + (1 - d) * verify_s
+        draft_window = self.max_window if self._confident and self._costs_known() else self._k
+        if self._confident or self._steps == 1 or self.drafting_rate is None:
+            self.window = draft_window
         elif self.plain_s is None:
             self.window = 0  # measure a plain pass: drafting has to beat it
-        elif self.drafting_rate is not None and self.drafting_rate < 1.0 / self.plain_s:
+        elif self.drafting_rate < 1.0 / self.plain_s:
             self._idle += 1  # drafting loses: plain decoding, with a probe now and then, ever further apart
             if self._idle >= self._interval:
                 self._idle, self._interval = 0, 2 * self._interval
                 self._tokens *= self.probe_keep  # let the probe's own result weigh
                 self._seconds *= self.probe_keep
-                self.window = self._k
+                self.window = draft_window
             else:
                 self.window = 0
         else:
             self._idle, self._interval = 0, self.probe_every
-            self.window = self._k
+            self.window = draft_window
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "adaptive": AdaptiveSchedule}

@@ -1,11 +1,13 @@
 """Window schedules replayed on recorded acceptance traces: a fast, repeatable way to compare schedules.
 
-    .venv/bin/python bench/schedule_sim.py record     # ~6 min: greedy outputs of the offline Qwen pair + traces
+    .venv/bin/python bench/schedule_sim.py record     # ~16 min: greedy outputs of the offline Qwen pair + traces
     .venv/bin/python bench/schedule_sim.py            # replay every schedule on bench/acceptance_traces.json
 
 A trace is, for each token of the target's greedy output, whether the assistant's own greedy prediction at that
-position (teacher-forced on the target's tokens) matches it. With greedy drafting this is exact: a window of k
-drafted at position i has min(k, run of matches from i) drafts accepted. Pass costs come from measurements on this
+position (teacher-forced on the target's tokens) matches it, and each model's probability of its own greedy token
+there (its confidence: `int8_p`, `fp32_p`, `target_p`). With greedy drafting this is exact: a window of k drafted at
+position i has min(k, run of matches from i) drafts accepted, and the confidences the schedule sees along an
+accepted run are the ones the real loop would see. Pass costs come from measurements on this
 machine (PASS_S below, median of 12, 150 tokens of context), so the replay prices each step as the real loop would.
 The replay leaves out per-step bookkeeping and the assistant's catch-up pass, so it is a model of the real loop.
 """
@@ -35,17 +37,28 @@ def pass_seconds(rows: int) -> float:
     return PASS_S[ks[-1]]
 
 
-def replay(match: list[int], schedule, assistant_s: float) -> float:
-    """Speedup of one generation over plain decoding, under `schedule`."""
+def replay(match: list[int], schedule, assistant_s: float, confidence: list[float] | None = None) -> float:
+    """Speedup of one generation over plain decoding, under `schedule`, stepped as the decoding loop steps it.
+
+    With `confidence` (the assistant's probability of its own greedy token at each position), the schedule may stop
+    drafting and withhold drafts as it would in the real loop; without, every step drafts its whole window.
+    """
     n, i, seconds, first = len(match), 0, 0.0, True
     while i < n:
         k = min(schedule.window, n - i - 1) if schedule.window else 0
+        drafted = []
+        while len(drafted) < k:
+            drafted.append(confidence[i + len(drafted)] if confidence else 1.0)
+            if confidence and not schedule.keep_drafting(drafted):
+                break
+        verified = schedule.verify_count(drafted) if confidence else len(drafted)
         accepted = 0
-        while accepted < k and match[i + accepted]:
+        while accepted < verified and match[i + accepted]:
             accepted += 1
-        verify = pass_seconds(k + 1) + (PREFILL_S if first else 0.0)
-        schedule.update(k, accepted, k * assistant_s, verify)
-        seconds += k * assistant_s + verify
+        verify = pass_seconds(verified + 1) + (PREFILL_S if first else 0.0)
+        draft_s = len(drafted) * assistant_s
+        schedule.update(verified, accepted, draft_s, verify, drafted if confidence else None)
+        seconds += draft_s + verify
         i, first = i + accepted + 1, False
     return (n * pass_seconds(1) + PREFILL_S) / seconds
 
@@ -100,7 +113,13 @@ class ExpectedRateSchedule:
         per = self.a_s / self.a_n if self.a_n else 0.0
         return (1 - a ** (k + 1)) / (1 - a) / (k * per + self.verify_s(k))
 
-    def update(self, drafted, accepted, draft_s, verify_s):
+    def keep_drafting(self, confidences):
+        return True
+
+    def verify_count(self, confidences):
+        return len(confidences)
+
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         self.steps += 1
         d = self.decay
         if drafted:
@@ -140,16 +159,20 @@ class ExpectedRateSchedule:
 def simulate() -> None:
     from assistgen.schedules import AdaptiveSchedule, ConstantSchedule, HeuristicSchedule
     traces = json.loads(TRACES.read_text())
-    schedules = {"heuristic": lambda: HeuristicSchedule(5), "constant 5": lambda: ConstantSchedule(5),
-                 "adaptive": lambda: AdaptiveSchedule(5), "expected-rate model": lambda: ExpectedRateSchedule(5)}
+    schedules = {  # name: (make, replay with the assistant's confidences)
+        "heuristic": (lambda: HeuristicSchedule(5), False), "constant 5": (lambda: ConstantSchedule(5), False),
+        "adaptive": (lambda: AdaptiveSchedule(5), True),
+        "adaptive, no confidences": (lambda: AdaptiveSchedule(5), False),
+        "expected-rate model": (lambda: ExpectedRateSchedule(5), False)}
     print("| assistant | suite | " + " | ".join(schedules) + " | oracle |")
     print("|---|---|" + "---|" * (len(schedules) + 1))
     for assistant, seconds in ASSISTANT_S.items():
         for suite in ("code", "chat", "translation"):
             names = [name for name in traces if name.startswith(suite)]
             cells = []
-            for make in schedules.values():
-                speedups = [replay(traces[name][assistant], make(), seconds) for name in names]
+            for make, confident in schedules.values():
+                speedups = [replay(traces[name][assistant], make(), seconds,
+                                   traces[name][f"{assistant}_p"] if confident else None) for name in names]
                 cells.append(f"{statistics.median(speedups):.2f}× (min {min(speedups):.2f})")
             best = statistics.median(oracle(traces[name][assistant], seconds) for name in names)
             print(f"| {assistant} | {suite} ({len(names)}) | " + " | ".join(cells) + f" | {best:.2f}× |")
@@ -175,10 +198,14 @@ def record() -> None:
             sequence = torch.cat([inputs["input_ids"], torch.tensor([result.new_tokens])], dim=1)
             start = inputs["input_ids"].shape[1]
             traces[item.name] = {"steps_s": [s.verify_s for s in result.steps]}
-            for name, model in assistants.items():
+            for name, model in {"target": pair.target.model, **assistants}.items():
                 with torch.inference_mode():
-                    predicted = model(input_ids=sequence).logits[0, start - 1:-1].argmax(-1).tolist()
-                traces[item.name][name] = [int(p == t) for p, t in zip(predicted, result.new_tokens)]
+                    probs = model(input_ids=sequence).logits[0, start - 1:-1].float().softmax(-1)
+                top, predicted = probs.max(-1)
+                if name != "target":
+                    traces[item.name][name] = [int(p == t) for p, t in zip(predicted.tolist(), result.new_tokens)]
+                # the model's probability of its own greedy token at each position: its confidence
+                traces[item.name][f"{name}_p"] = [round(p, 4) for p in top.tolist()]
             print(item.name, {n: round(sum(traces[item.name][n]) / len(result.new_tokens), 3) for n in assistants})
     TRACES.write_text(json.dumps(traces))
 

@@ -5,6 +5,7 @@ from transformers import GenerationMixin
 
 import tiny_models as tm
 from assistgen import generate
+from assistgen.drafting import Draft
 
 FAMILIES = {
     "qwen2": (tm.qwen2, tm.decoder_inputs),
@@ -77,9 +78,9 @@ class Oracle:
     def __init__(self, prefix, continuation):
         self.prefix, self.continuation = prefix, continuation
 
-    def get_candidates(self, tokens, num_candidates, sampler):
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         done = len(tokens) - self.prefix
-        return self.continuation[done:done + num_candidates], None
+        return Draft(self.continuation[done:done + num_candidates])
 
 
 def _eos_case(family):

@@ -98,13 +98,13 @@ def test_the_test_detects_greedy_drafts_treated_as_samples(sampling_pair, monkey
     """The exactness test has power: drafting with argmax but claiming q as the proposal skews the output."""
     target, assistant, prompt = sampling_pair
 
-    def greedy_but_claims_sampled(self, tokens, num_candidates, sampler):
+    def greedy_but_claims_sampled(self, tokens, num_candidates, sampler, keep_drafting=None):
         candidates, probs = [], []
         for _ in range(num_candidates):
             logits = self.assistant.logits(tokens + candidates)[0]
             probs.append(sampler.probs(logits))
             candidates.append(int(logits.argmax()))
-        return candidates, torch.stack(probs)
+        return drafting.Draft(candidates, torch.stack(probs))
 
     monkeypatch.setattr(drafting.AssistantCandidates, "get_candidates", greedy_but_claims_sampled)
     with torch.inference_mode():

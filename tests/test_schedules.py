@@ -1,37 +1,28 @@
-"""The cost-aware "adaptive" window schedule."""
+"""The cost-aware "adaptive" window schedule: per-token decisions from the draft model's confidence, priced with the
+pass costs it measures, and an on/off decision for drafts without confidences."""
+import random
+
 import pytest
+import torch
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen.schedules import AdaptiveSchedule
+from assistgen import schedules
+from assistgen.schedules import AdaptiveSchedule, HeuristicSchedule
 
 
-def feed(schedule, steps):
-    for drafted, accepted, draft_s, verify_s in steps:
-        k = min(schedule.window, drafted) if drafted is None else drafted
-        schedule.update(k, accepted(k) if callable(accepted) else accepted, draft_s(k) if callable(draft_s) else
-                        draft_s, verify_s(k) if callable(verify_s) else verify_s)
+def cpu_verify(k):
+    """This CPU's shape: one token 0.3 s; two or more rows run a slower kernel, 0.4 s plus 0.02 s per draft."""
+    return 0.3 if k == 0 else 0.4 + 0.02 * k
 
 
-def run(schedule, alpha_accepts, assistant_s, verify, steps=40):
-    """Simulate: each step drafts the schedule's window; `alpha_accepts(k)` accepted; costs from the given model."""
-    windows = []
-    for _ in range(steps):
-        k = schedule.window
-        windows.append(k)
-        schedule.update(k, alpha_accepts(k), k * assistant_s, verify(k))
-    return windows
-
-
-def test_good_cheap_drafts_get_a_wide_window():
-    windows = run(AdaptiveSchedule(5), lambda k: k, assistant_s=0.01, verify=lambda k: 0.3 + 0.01 * k)
-    assert windows[2] == 0  # one plain pass, measured after the first timed drafting step
-    assert min(windows[3:]) >= 5 and windows[-1] >= 30
+def gpu_verify(k):
+    """A GPU's shape: verifying a few drafts costs about one plain pass."""
+    return 0.02 + 0.0002 * k
 
 
 def geometric(alpha, seed=0):
     """Accepted drafts out of k when each is accepted with probability alpha until the first rejection."""
-    import random
     rng = random.Random(seed)
 
     def accepts(k):
@@ -42,9 +33,134 @@ def geometric(alpha, seed=0):
     return accepts
 
 
-def cpu_verify(k):
-    """This CPU's shape: one token 0.3 s; two or more rows run a slower kernel, 0.4 s plus 0.02 s per draft."""
-    return 0.3 if k == 0 else 0.4 + 0.02 * k
+def run(schedule, alpha_accepts, assistant_s, verify, steps=40):
+    """Drafts without confidences (prompt lookup): each step drafts the window; `alpha_accepts(k)` accepted."""
+    windows = []
+    for _ in range(steps):
+        k = schedule.window
+        windows.append(k)
+        schedule.update(k, alpha_accepts(k), k * assistant_s, verify(k))
+    return windows
+
+
+def warmed(assistant_s, verify, steps=6, confidence=0.9):
+    """An adaptive schedule that has measured its costs on a few steps of confident, accepted drafts."""
+    schedule = AdaptiveSchedule(5)
+    schedule.update(3, 3, 9.0, 9.0, [confidence] * 3)  # the prompt's prefill: left out of the costs
+    for i in range(steps):
+        k = 1 + i % 4
+        schedule.update(k, k, k * assistant_s, verify(k), [confidence] * k)
+    schedule.update(0, 0, assistant_s, verify(0), [0.05])  # one withheld draft: a plain pass, measured
+    return schedule
+
+
+# -- drafts with confidences: per-token decisions ------------------------------------------------------------------
+
+def test_costs_are_measured_and_the_prompt_pass_left_out():
+    schedule = warmed(0.05, cpu_verify)
+    assert schedule.assistant_s == pytest.approx(0.05)
+    assert schedule.verify_s(1) == pytest.approx(0.3)
+    assert schedule.verify_s(4) == pytest.approx(cpu_verify(3), rel=0.01)
+    assert schedule.verify_s(9) == pytest.approx(cpu_verify(8), rel=0.02)  # a line through the sizes measured
+
+
+def test_calibration_learns_how_often_each_confidence_is_accepted():
+    schedule = AdaptiveSchedule(5)
+    before_low, before_high = schedule.calibrated(0.55), schedule.calibrated(0.95)
+    for _ in range(20):
+        # drafts at 0.95 accepted; the draft at 0.55 after them rejected; the one after that never tried
+        schedule.update(4, 2, 0.1, 0.5, [0.95, 0.95, 0.55, 0.55])
+    assert schedule.calibrated(0.95) > before_high > 0.9
+    assert schedule.calibrated(0.55) < 0.1 < before_low
+    assert schedule.calibrated(0.75) == pytest.approx(0.75)  # no evidence: the prior
+
+
+def test_drafting_stops_where_the_next_draft_no_longer_pays():
+    schedule = warmed(0.05, cpu_verify)
+    assert schedule.keep_drafting([0.99] * 6)
+    assert not schedule.keep_drafting([0.99, 0.99, 0.2])
+    assert not schedule.keep_drafting([0.6] * 4)  # each likely, but the chance that all survive has fallen
+
+
+def test_the_same_confidences_are_drafted_further_where_drafting_is_cheap():
+    confidences = [0.9, 0.7, 0.6]
+    assert not warmed(0.15, cpu_verify).keep_drafting(confidences)  # a costly assistant, costly verification
+    assert warmed(0.0005, gpu_verify).keep_drafting(confidences)  # a cheap assistant, flat verification
+
+
+def test_unlikely_drafts_are_withheld_from_verification():
+    cpu = warmed(0.05, cpu_verify)
+    assert cpu.verify_count([0.99, 0.99, 0.99, 0.02]) == 3  # the unlikely tail is not verified
+    assert cpu.verify_count([0.3]) == 0  # here a second row costs a third of a pass: a 0.3 draft does not pay it
+    assert warmed(0.0005, gpu_verify).verify_count([0.3]) == 1  # where it is nearly free, it does
+
+
+def test_without_costs_it_drafts_the_window_like_the_heuristic():
+    schedule = AdaptiveSchedule(5)
+    assert schedule.keep_drafting([0.01]) and schedule.verify_count([0.01, 0.01]) == 2
+    schedule.update(5, 5, 5.0, 30.0, [0.9] * 5)  # the prompt's prefill: slow, unrepresentative
+    assert schedule.assistant_s is None and schedule.plain_s is None and schedule.window == 7
+
+
+def replay(schedule, trace, assistant_s, verify):
+    """Simulated seconds to emit a trace of (accepted, confidence) per position, as the decoding loop would."""
+    i = steps = 0
+    seconds = 0.0
+    while i < len(trace):
+        k = min(schedule.window, len(trace) - i - 1)
+        confidences = []
+        while len(confidences) < k:
+            confidences.append(trace[i + len(confidences)][1])
+            if not schedule.keep_drafting(confidences):
+                break
+        n = schedule.verify_count(confidences)
+        accepted = 0
+        while accepted < n and trace[i + accepted][0]:
+            accepted += 1
+        draft_s = len(confidences) * assistant_s
+        schedule.update(n, accepted, draft_s, verify(n), confidences)
+        seconds += draft_s + verify(n)
+        i += accepted + 1
+        steps += 1
+    return seconds
+
+
+def bursty_trace(seed, n=400, burst=0.9):
+    """Runs of drafts the draft model is sure of and the target accepts, between runs it is unsure of and half of
+    which the target rejects."""
+    rng = random.Random(seed)
+    trace, easy = [], True
+    while len(trace) < n:
+        easy = rng.random() < (burst if easy else 1 - burst)
+        confidence = rng.uniform(0.85, 1.0) if easy else rng.uniform(0.2, 0.6)
+        trace.append((rng.random() < confidence, confidence))
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_bursty_drafts_it_beats_the_heuristic_and_plain_decoding(seed):
+    trace = bursty_trace(seed)
+    plain = len(trace) * cpu_verify(0)
+    adaptive = replay(AdaptiveSchedule(5), trace, 0.05, cpu_verify)
+    heuristic = replay(HeuristicSchedule(5), trace, 0.05, cpu_verify)
+    assert adaptive < 0.93 * heuristic and adaptive < 0.92 * plain
+
+
+def test_on_poor_drafts_it_stays_near_plain_decoding_where_the_heuristic_loses():
+    rng = random.Random(0)
+    trace = [(rng.random() < 0.2, rng.uniform(0.05, 0.3)) for _ in range(300)]
+    plain = len(trace) * cpu_verify(0)
+    # it still drafts one token per step to read its confidence: that costs one assistant pass (here 7 %)
+    assert replay(AdaptiveSchedule(5), trace, 0.02, cpu_verify) < 1.1 * plain
+    assert replay(HeuristicSchedule(5), trace, 0.02, cpu_verify) > 1.2 * plain
+
+
+# -- drafts without confidences: the on/off decision ---------------------------------------------------------------
+
+def test_good_cheap_drafts_get_a_wide_window():
+    windows = run(AdaptiveSchedule(5), lambda k: k, assistant_s=0.01, verify=lambda k: 0.3 + 0.01 * k)
+    assert windows[2] == 0  # one plain pass, measured after the first timed drafting step
+    assert min(windows[3:]) >= 5 and windows[-1] >= 30
 
 
 def simulated_rate(windows, alpha_accepts, assistant_s, verify):
@@ -82,11 +198,7 @@ def test_probes_back_off_while_drafting_does_not_pay():
     assert schedule.drafting_rate < 1 / schedule.plain_s
 
 
-def test_first_step_prefill_is_not_taken_as_a_pass_cost():
-    schedule = AdaptiveSchedule(5)
-    schedule.update(5, 5, 5.0, 30.0)  # the prompt's prefill: slow, unrepresentative
-    assert schedule.drafting_rate is None and schedule.plain_s is None and schedule.window == 7
-
+# -- in the decoding loop ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["qwen2", "whisper"])
 def test_adaptive_schedule_keeps_greedy_output(family):
@@ -99,3 +211,43 @@ def test_adaptive_schedule_keeps_greedy_output(family):
                             num_assistant_tokens_schedule="adaptive")
         assert assisted.new_tokens == baseline.new_tokens
         assert [t for s in assisted.steps for t in s.emitted] == assisted.new_tokens
+        # every assistant pass drafted a token that was either verified or withheld
+        assert assisted.assistant_passes == sum(len(s.drafted) + s.withheld for s in assisted.steps)
+
+
+class Withholding:
+    """A schedule that withholds every draft the draft model is less than 0.5 sure of."""
+
+    def __init__(self, num_assistant_tokens):
+        self.window = num_assistant_tokens
+
+    def keep_drafting(self, confidences):
+        return True
+
+    def verify_count(self, confidences):
+        return next((i for i, c in enumerate(confidences) if c < 0.5), len(confidences))
+
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
+        pass
+
+
+def test_the_loop_withholds_greedy_drafts_as_the_schedule_asks(monkeypatch):
+    monkeypatch.setitem(schedules.SCHEDULES, "adaptive", Withholding)
+    target, assistant, inputs = tm.qwen2(0), tm.perturbed(tm.qwen2(0), 0.5, 7), tm.decoder_inputs(0)
+    result = generate(target, inputs, assistant_model=assistant, max_new_tokens=40,
+                      num_assistant_tokens_schedule="adaptive")
+    assert result.new_tokens == generate(target, inputs, max_new_tokens=40).new_tokens
+    assert sum(s.withheld for s in result.steps) > 0
+
+
+def test_sampled_drafts_are_never_withheld(monkeypatch):
+    """Withholding a sampled draft because of its own probability would bias speculative sampling (a draft's
+    fate may depend only on the drafts before it), so under sampling the loop verifies everything drafted."""
+    monkeypatch.setitem(schedules.SCHEDULES, "adaptive", Withholding)
+    target, assistant = tm.qwen2(21, vocab=8, hidden=16, layers=1, init=0.5), tm.qwen2(22, vocab=8, hidden=16,
+                                                                                          layers=1, init=0.5)
+    inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
+    for seed in range(10):
+        result = generate(target, inputs, assistant_model=assistant, do_sample=True, seed=seed, max_new_tokens=12,
+                          num_assistant_tokens_schedule="adaptive")
+        assert all(s.withheld == 0 for s in result.steps)
