@@ -110,7 +110,7 @@ def build_demo(service: Service) -> gr.Blocks:
                                                                              "prompt_lookup")],
                                         value="assistant", label="draft source")
                 schedule = gr.Radio(["heuristic", "constant", "adaptive"], value=first_defaults[1],
-                                    label="window schedule (adaptive: cost-aware, may switch drafting off)")
+                                    label="window schedule (adaptive: each draft only while its confidence pays here)")
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
         runs = []
         with gr.Tabs():

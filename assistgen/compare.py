@@ -88,7 +88,7 @@ class Comparison:
     @property
     def cost_ratio(self) -> float | None:
         """c: mean seconds per assistant pass over mean seconds per baseline target pass."""
-        drafting = [s for s in self.assisted.steps if s.drafted]
+        drafting = [s for s in self.assisted.steps if s.drafted or s.withheld]
         if not drafting or not self.assisted.assistant_passes:
             return None
         per_assistant_pass = sum(s.draft_s for s in drafting) / self.assisted.assistant_passes
@@ -120,7 +120,8 @@ class Comparison:
     def to_dict(self) -> dict:
         """The one JSON object that `python -m assistgen compare --json` prints and the /compare API returns."""
         steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window,
-                  "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)} for s in self.assisted.steps]
+                  "withheld": s.withheld, "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)}
+                 for s in self.assisted.steps]
         predicted, c = self.predicted_speedup, self.cost_ratio
         return {
             "pair": self.pair.spec.name, "task": self.task, "mode": self.pair.mode, "draft_source": self.draft_source,

@@ -34,7 +34,8 @@ def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
     text of a rejected draft token."""
     out, i = [], 0
     for n, step in enumerate(steps, 1):
-        title = f"pass {n}: drafted {len(step['drafted'])}, accepted {step['accepted']}"
+        withheld = f" (+{step['withheld']} withheld)" if step.get("withheld") else ""
+        title = f"pass {n}: drafted {len(step['drafted'])}{withheld}, accepted {step['accepted']}"
         for _ in range(step["accepted"]):
             out.append(_span("ag-acc", pieces[i], title))
             i += 1
@@ -89,18 +90,22 @@ def _mean_window(result: dict) -> float:
 
 
 def steps_figure(steps: list[dict]):
-    """Per target pass: the window the schedule asked for, the candidates drafted, and how many were accepted."""
+    """Per target pass: the window the schedule allowed, the candidates verified (and those drafted but withheld),
+    and how many were accepted."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 2.6), dpi=100)
     x = list(range(1, len(steps) + 1))
     ax.bar(x, [len(s["drafted"]) for s in steps], color="#fecaca", label="drafted")
+    if any(s.get("withheld") for s in steps):
+        ax.bar(x, [s.get("withheld", 0) for s in steps], bottom=[len(s["drafted"]) for s in steps], color="#d4d4d8",
+               label="withheld")
     ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="accepted")
     ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")
     ax.set_xlabel("target pass")
     ax.set_ylabel("tokens")
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=8, ncols=3, frameon=False)
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=8, ncols=4, frameon=False)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.margins(x=0.01)
     fig.tight_layout()
@@ -131,8 +136,8 @@ class LiveView:
         for step in snap.assisted_steps[self._steps_seen:]:
             assisted.feed(step.emitted)
         self._steps_seen = len(snap.assisted_steps)
-        steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window}
-                 for s in snap.assisted_steps]
+        steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window,
+                  "withheld": s.withheld} for s in snap.assisted_steps]
         decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
         out["baseline_html"] = baseline_html(base.pieces)
         out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)

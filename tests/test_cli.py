@@ -34,6 +34,17 @@ def test_compare_prints_one_json_object(tiny_catalog_path):
     assert "speedup" in result
 
 
+def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
+              "chat", "--text", "def fibonacci(n):", "--max-new-tokens", "40", "--schedule", "adaptive", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    steps = result["assisted"]["steps"]
+    # each assistant pass drafted one token, which the target then verified or the schedule withheld
+    assert result["assisted"]["assistant_passes"] == sum(len(s["drafted"]) + s["withheld"] for s in steps)
+    assert result["identical"] is True and result["settings"]["schedule"] == "adaptive"
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--pair", "nope", "--task", "chat", "--text", "x"], "unknown pair 'nope'"),
     (["--pair", "tiny-text", "--task", "asr", "--text", "x"], "does not do asr"),
