@@ -149,7 +149,7 @@ def build_demo(service: Service) -> gr.Blocks:
                 assisted_figures = gr.Markdown(elem_id="assisted-figures")
         gr.HTML(LEGEND)
         summary = gr.HTML(elem_id="summary")
-        plot = gr.Plot(label="per target pass: window, drafted and accepted tokens")
+        plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens")
         with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
             raw = gr.JSON()
         outputs = [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]

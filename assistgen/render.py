@@ -73,7 +73,8 @@ def summary_html(result: dict) -> str:
              f"predicted {_fmt(predicted, '.2f', '×')} from acceptance α = {_fmt(result['assisted']['acceptance_rate'], '.2f')}"
              f", window k = {_mean_window(result):.1f}, cost ratio c = {_fmt(c, '.2f')} "
              "using (1−α<sup>k+1</sup>) / ((1−α)(kc+1)), which counts decoder passes only (not the prompt pass "
-             "or an encoder)</div>",
+             "or an encoder) and takes each draft as accepted independently with probability α: real acceptance "
+             "comes in runs, so with long windows it can be far off</div>",
              f"<div><b>{mark}</b> {html.escape(result['identical_note'])}</div>",
              f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
              f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix.</div>"]
@@ -105,7 +106,7 @@ def steps_figure(steps: list[dict]):
     ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")
     ax.set_xlabel("target pass")
     ax.set_ylabel("tokens")
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), fontsize=8, ncols=4, frameon=False)
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 1.0), fontsize=8, ncols=4, frameon=False)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.margins(x=0.01)
     fig.tight_layout()
