@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen import drafting
+from assistgen import drafting, schedules
 from assistgen.sampling import Sampler, accept_sampled
 
 VOCAB = 8
@@ -91,6 +91,33 @@ def test_speculative_sampling_matches_the_target_distribution(sampling_pair, tem
     with torch.inference_mode():
         expected = _target_joint(target, prompt, temperature, top_p)
     counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, temperature, top_p)
+    assert chi2_pvalue(counts, expected) > 1e-3
+
+
+class ConfidenceSchedule:
+    """Stops drafting after an unsure draft and asks to withhold every draft from the first unsure one on."""
+
+    def __init__(self, num_assistant_tokens):
+        self.window = 2
+
+    def keep_drafting(self, confidences):
+        return confidences[-1] >= 0.3
+
+    def verify_count(self, confidences):
+        return next((i for i, c in enumerate(confidences) if c < 0.4), len(confidences))
+
+    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
+        pass
+
+
+def test_confidence_decisions_keep_speculative_sampling_exact(sampling_pair, monkeypatch):
+    """Stopping by the confidences so far is safe; withholding a sampled draft because of its own probability is
+    not, and the loop does not do it (tests/test_schedules.py checks that it does not)."""
+    monkeypatch.setitem(schedules.SCHEDULES, "constant", ConfidenceSchedule)
+    target, assistant, prompt = sampling_pair
+    with torch.inference_mode():
+        expected = _target_joint(target, prompt, 1.0, 1.0)
+    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0)
     assert chi2_pvalue(counts, expected) > 1e-3
 
 
