@@ -87,7 +87,7 @@ class AdaptiveSchedule:
 
     def __init__(self, num_assistant_tokens: int, *, decay: float = 0.7, min_window: int = 2, max_window: int = 32,
                  probe_every: int = 8, probe_keep: float = 0.3, bins: int = 10, prior_strength: float = 4.0):
-        self.window = self._k = num_assistant_tokens
+        self.window = self._k = min(num_assistant_tokens, max_window)
         self.decay, self.min_window, self.max_window = decay, min_window, max_window
         self.probe_every, self.probe_keep = probe_every, probe_keep
         self._hits = [prior_strength * (b + 0.5) / bins for b in range(bins)]
@@ -107,20 +107,22 @@ class AdaptiveSchedule:
         return self._hits[b] / self._seen[b]
 
     def verify_s(self, rows: int) -> float | None:
-        """Seconds of a target pass that reads `rows` tokens; None before anything was measured."""
-        if rows <= 1 and self.plain_s is not None:
-            return self.plain_s
+        """Seconds of a target pass that reads `rows` tokens; None before anything was measured. A line fitted to
+        the verification sizes measured, never below a plain pass."""
+        if not self._verify:
+            return self.plain_s if rows <= 1 else None
+        # no plain pass measured yet: assume the smallest verification measured costs 1.2 of one
+        plain_s = self.plain_s if self.plain_s is not None else self._verify[min(self._verify)] / 1.2
+        return plain_s if rows <= 1 else max(plain_s, self._fitted(rows))
+
+    def _fitted(self, rows: int) -> float:
         known = sorted(self._verify)
-        if not known:
-            return None
-        if rows <= 1:  # no plain pass measured yet: assume the smallest verification costs 1.2 of one
-            return self._verify[known[0]] / 1.2
         if len(known) == 1:  # one size measured: assume 3 % more per row
             return self._verify[known[0]] * (1 + 0.03 * (rows - known[0]))
         mean_r = sum(known) / len(known)
         mean_s = sum(self._verify[r] for r in known) / len(known)
         slope = sum((r - mean_r) * (self._verify[r] - mean_s) for r in known) / sum((r - mean_r) ** 2 for r in known)
-        return max(1e-6, mean_s + max(0.0, slope) * (rows - mean_r))
+        return mean_s + max(0.0, slope) * (rows - mean_r)
 
     @property
     def drafting_rate(self) -> float | None:

@@ -64,6 +64,18 @@ def test_costs_are_measured_and_the_prompt_pass_left_out():
     assert schedule.verify_s(9) == pytest.approx(cpu_verify(8), rel=0.02)  # a line through the sizes measured
 
 
+def test_verification_is_never_priced_below_a_plain_pass():
+    one_size = AdaptiveSchedule(64)
+    assert one_size.window == 32  # the window starts within the cap
+    one_size.update(3, 3, 9.0, 9.0, [0.9] * 3)  # the prompt's prefill
+    one_size.update(32, 32, 0.3, 0.05, [0.9] * 32)  # one size measured, 33 rows
+    costs = [one_size.verify_s(rows) for rows in range(1, 40)]
+    assert costs == sorted(costs) and costs[0] == pytest.approx(0.05 / 1.2)  # the guess until a plain pass is timed
+    gpu = warmed(0.0005, lambda k: 0.03 if k < 8 else 0.03 + 0.004 * (k - 8), steps=12)  # flat, then rising
+    costs = [gpu.verify_s(rows) for rows in range(1, 40)]
+    assert costs == sorted(costs) and costs[1] >= gpu.plain_s
+
+
 def test_calibration_learns_how_often_each_confidence_is_accepted():
     schedule = AdaptiveSchedule(5)
     before_low, before_high = schedule.calibrated(0.55), schedule.calibrated(0.95)
