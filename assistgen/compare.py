@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from .decoding import GenerationResult, Step, generate
@@ -119,8 +119,7 @@ class Comparison:
 
     def to_dict(self) -> dict:
         """The one JSON object that `python -m assistgen compare --json` prints and the /compare API returns."""
-        steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window,
-                  "withheld": s.withheld, "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)}
+        steps = [{**asdict(s), "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)}
                  for s in self.assisted.steps]
         predicted, c = self.predicted_speedup, self.cost_ratio
         return {

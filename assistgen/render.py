@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+from dataclasses import asdict
 
 LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
           "</span> <span class='ag-rej'>rejected draft</span> <span class='ag-base'>baseline token</span></div>")
@@ -137,8 +138,7 @@ class LiveView:
         for step in snap.assisted_steps[self._steps_seen:]:
             assisted.feed(step.emitted)
         self._steps_seen = len(snap.assisted_steps)
-        steps = [{"drafted": s.drafted, "accepted": s.accepted, "emitted": s.emitted, "window": s.window,
-                  "withheld": s.withheld} for s in snap.assisted_steps]
+        steps = [asdict(s) for s in snap.assisted_steps]
         decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
         out["baseline_html"] = baseline_html(base.pieces)
         out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)

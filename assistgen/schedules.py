@@ -95,34 +95,40 @@ class AdaptiveSchedule:
         self.plain_s: float | None = None         # seconds of a plain pass, decayed mean
         self.assistant_s: float | None = None     # seconds per drafted token, decayed mean
         self._verify: dict[int, float] = {}        # rows read -> seconds, decayed means (two rows or more)
+        self._line: tuple[float, float, float] | None = None  # a line through them, refitted when they change
         self._tokens = self._seconds = 0.0         # realised output and cost of drafting steps, decayed sums
         self._steps = self._idle = 0
         self._interval = probe_every
         self._confident = False                    # the drafts come with confidences
 
     # -- what it has learnt -------------------------------------------------------------------------------------
+    def _bin(self, confidence: float) -> int:
+        return min(len(self._seen) - 1, max(0, int(confidence * len(self._seen))))
+
     def calibrated(self, confidence: float) -> float:
         """How often a draft of this confidence is accepted (given the drafts before it were)."""
-        b = min(len(self._seen) - 1, max(0, int(confidence * len(self._seen))))
+        b = self._bin(confidence)
         return self._hits[b] / self._seen[b]
 
     def verify_s(self, rows: int) -> float | None:
         """Seconds of a target pass that reads `rows` tokens; None before anything was measured. A line fitted to
         the verification sizes measured, never below a plain pass."""
-        if not self._verify:
+        if self._line is None:
             return self.plain_s if rows <= 1 else None
         # no plain pass measured yet: assume the smallest verification measured costs 1.2 of one
         plain_s = self.plain_s if self.plain_s is not None else self._verify[min(self._verify)] / 1.2
-        return plain_s if rows <= 1 else max(plain_s, self._fitted(rows))
+        at_rows, at_s, slope = self._line
+        return plain_s if rows <= 1 else max(plain_s, at_s + slope * (rows - at_rows))
 
-    def _fitted(self, rows: int) -> float:
+    def _fit_line(self) -> tuple[float, float, float]:
+        """(rows, seconds, seconds per row) through the verification sizes measured."""
         known = sorted(self._verify)
         if len(known) == 1:  # one size measured: assume 3 % more per row
-            return self._verify[known[0]] * (1 + 0.03 * (rows - known[0]))
+            return known[0], self._verify[known[0]], 0.03 * self._verify[known[0]]
         mean_r = sum(known) / len(known)
         mean_s = sum(self._verify[r] for r in known) / len(known)
         slope = sum((r - mean_r) * (self._verify[r] - mean_s) for r in known) / sum((r - mean_r) ** 2 for r in known)
-        return mean_s + max(0.0, slope) * (rows - mean_r)
+        return mean_r, mean_s, max(0.0, slope)
 
     @property
     def drafting_rate(self) -> float | None:
@@ -166,7 +172,7 @@ class AdaptiveSchedule:
             self._confident = True
             # each verified draft up to the first rejection was tried with the ones before it accepted
             for i, c in enumerate(confidences[:min(drafted, accepted + 1)]):
-                b = min(len(self._seen) - 1, max(0, int(c * len(self._seen))))
+                b = self._bin(c)
                 self._seen[b] += 1
                 self._hits[b] += i < accepted
         if drafted:
@@ -184,6 +190,7 @@ class AdaptiveSchedule:
             else:
                 old = self._verify.get(rows)
                 self._verify[rows] = verify_s if old is None else d * old + (1 - d) * verify_s
+                self._line = self._fit_line()
         draft_window = self.max_window if self._confident and self._costs_known() else self._k
         if self._confident or self._steps == 1 or self.drafting_rate is None:
             self.window = draft_window

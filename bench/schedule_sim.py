@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from assistgen.schedules import ConstantSchedule  # noqa: E402
 TRACES = Path(__file__).with_name("acceptance_traces.json")
 
 # Qwen2.5-Coder 1.5B fp32 (oneDNN) forward seconds by the number of tokens it reads (1 = a plain step; k drafts are
@@ -79,7 +80,7 @@ def oracle(match: list[int], assistant_s: float) -> float:
     return (n * pass_seconds(1) + PREFILL_S) / seconds
 
 
-class ExpectedRateSchedule:
+class ExpectedRateSchedule(ConstantSchedule):
     """The first "adaptive" (kept here for comparison): k = argmax E[tokens | alpha, k] / (k T_a + T_verify(k)),
     alpha i.i.d. from decayed counts, the plain pass measured on its own, T_verify(k >= 1) a fitted line, a
     neighbouring k or k = 0 explored every 4 steps, probes with back-off when k = 0 wins."""
@@ -112,12 +113,6 @@ class ExpectedRateSchedule:
         a = min(self.alpha(), 0.999)
         per = self.a_s / self.a_n if self.a_n else 0.0
         return (1 - a ** (k + 1)) / (1 - a) / (k * per + self.verify_s(k))
-
-    def keep_drafting(self, confidences):
-        return True
-
-    def verify_count(self, confidences):
-        return len(confidences)
 
     def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         self.steps += 1
