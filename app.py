@@ -40,7 +40,10 @@ EXAMPLES = {
 
 
 def _outputs_list(view_out: dict, keys: list[str]) -> list:
-    return [view_out.get(k, gr.skip()) for k in keys]
+    """The view's values in the order of `keys`; the last output is the task's *Run again* button, shown when the
+    comparison's timing is not reliable."""
+    rerun = gr.Button(visible=view_out["unreliable"]) if "unreliable" in view_out else gr.skip()
+    return [view_out.get(k, gr.skip()) for k in keys] + [rerun]
 
 
 def build_demo(service: Service) -> gr.Blocks:
@@ -134,9 +137,12 @@ def build_demo(service: Service) -> gr.Blocks:
                                                           "summarization": "Text to summarize…"}[task])
                     language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into",
                                            visible=task == "translation")
-                    button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
+                    with gr.Row():
+                        button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
+                        rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
+                                          elem_id=f"rerun-{task}")
                     gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
-                    runs.append((task, button, [pair, content, language]))
+                    runs.append((task, (button, rerun), [pair, content, language]))
         status = gr.Markdown("Pick a pair, give an input and press *Run*.", elem_id="status")
         with gr.Row(equal_height=False):
             with gr.Column():
@@ -153,10 +159,11 @@ def build_demo(service: Service) -> gr.Blocks:
         with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
             raw = gr.JSON()
         outputs = [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
-        for task, button, inputs in runs:
-            button.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs,
-                         concurrency_id="model", concurrency_limit=1, api_visibility="private",
-                         show_progress_on=[status])
+        for task, (button, rerun), inputs in runs:
+            for trigger in (button, rerun):
+                trigger.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs + [rerun],
+                              concurrency_id="model", concurrency_limit=1, api_visibility="private",
+                              show_progress_on=[status])
         # The documented API endpoint: named inputs, one JSON object out.
         with gr.Column(visible=False):
             api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),

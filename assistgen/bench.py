@@ -165,9 +165,8 @@ def _row(item: Item, repeat: int, temperature: float, config: Config, run: dict,
                    emitted_per_pass=[len(s.emitted) for s in result.steps],
                    windows=[s.window for s in result.steps])
     if comparison is not None:
-        predicted, c = comparison.predicted_speedup, comparison.cost_ratio
-        row.update(predicted_speedup=None if predicted is None else round(predicted, 4),
-                   cost_ratio=None if c is None else round(c, 4))
+        c = comparison.cost_ratio
+        row.update(cost_ratio=None if c is None else round(c, 4))
     if config is BASELINE:
         steps = result.steps[1:]  # after the prefill: the steady per-token cost
         row["ms_per_token"] = round(1000 * statistics.median(s.verify_s for s in steps), 2) if steps else None
@@ -301,7 +300,6 @@ def summarize(rows: list[dict]) -> list[dict]:
             "speedup_p10": _quantile(speedups, 0.1), "speedup_p90": _quantile(speedups, 0.9),
             "tokens_per_pass": _median(r.get("tokens_per_pass") for r in group),
             "acceptance_rate": _median(r.get("acceptance_rate") for r in group),
-            "predicted_speedup": _median(r.get("predicted_speedup") for r in group),
             "cost_ratio": _median(r.get("cost_ratio") for r in group),
             "identical_share": sum(identical) / len(identical) if identical else None,
             "ms_per_token": _median(r.get("ms_per_token") for r in group),
@@ -322,15 +320,15 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
              "items x repeats, spread min–max. transformers' peer runs the heuristic schedule on the same model "
              "objects and is timed against our baseline. Identical: share of greedy runs whose tokens equal the "
              "baseline's.", "",
-             "| suite | temp | configuration | runs | baseline s | assisted s | speedup (min–max) | predicted | "
-             "tokens/pass | acceptance | c | identical |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| suite | temp | configuration | runs | baseline s | assisted s | speedup (min–max) | "
+             "tokens/pass | acceptance | c | identical |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in sorted(summary, key=lambda s: (s["suite"], s["temperature"], s["config"] != "baseline", s["config"])):
         if s["config"] == "baseline":
             continue
         lines.append(
             f"| {s['suite']} | {s['temperature']:g} | {s['config']} | {s['runs']} | {_fmt(s['baseline_s'])} | "
             f"{_fmt(s['latency_s'])} | {_fmt(s['speedup'])}× ({_fmt(s['speedup_min'])}–{_fmt(s['speedup_max'])}) | "
-            f"{_fmt(s['predicted_speedup'], '.2f', '×')} | {_fmt(s['tokens_per_pass'])} | "
+            f"{_fmt(s['tokens_per_pass'])} | "
             f"{_fmt(s['acceptance_rate'], '.0%')} | {_fmt(s['cost_ratio'])} | {_fmt(s['identical_share'], '.0%')} |")
     fl = meta.get("floor")
     if fl:

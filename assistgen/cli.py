@@ -103,9 +103,10 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    predicted = result["predicted_speedup"]
-    print(f"speedup {result['speedup']:.2f}x (predicted {'n/a' if predicted is None else format(predicted, '.2f')}x"
-          f" from acceptance, window and cost ratio); draft source: {result['draft_source']}; {result['identical_note']}")
+    from .render import explanation
+    reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
+    print(f"speedup {result['speedup']:.2f}x{reliable}; draft source: {result['draft_source']}; "
+          f"{result['identical_note']}\n{explanation(result)}")
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 from .decoding import GenerationResult, Step, generate
 from .loading import LoadedPair
+from .probe import SpeedProbe, Stability, judge, modal_rows
 from .schedules import SCHEDULES
 from .tasks import decode
 
@@ -47,15 +48,25 @@ class Settings:
         return self.temperature > 0
 
 
-def predicted_speedup(alpha: float | None, k: float, c: float) -> float | None:
-    """Expected speedup (Leviathan et al. 2023): (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)).
+def time_breakdown(result: GenerationResult) -> dict:
+    """Where a run's seconds went, from measured parts that add up to its latency.
 
-    alpha: acceptance rate; k: drafted tokens per step; c: cost of an assistant pass over a target pass.
+    setup: before the first step (an encoder, the KV caches); prompt: the first step (the prompt pass, and in an
+    assisted run the assistant's prompt pass and first draft too); then the later steps' drafting and verifying
+    (target passes); other: what is left (bookkeeping, streaming callbacks; the assistant's prompt pass and first
+    draft are in the first step's).
     """
-    if alpha is None or k <= 0:
-        return None
-    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens / (k * c + 1)
+    first, later = result.steps[:1], result.steps[1:]
+    prompt = sum(s.draft_s + s.verify_s for s in first)
+    drafted = result.assistant_passes or any(s.drafted or s.withheld for s in result.steps)
+    drafting = sum(s.draft_s for s in later) if drafted else 0.0   # without drafts, it is the loop's bookkeeping
+    verifying = sum(s.verify_s for s in later)
+    rows = sum(len(s.drafted) + 1 for s in later)
+    return {"setup_s": round(result.setup_s, 4), "prompt_s": round(prompt, 4), "drafting_s": round(drafting, 4),
+            "verifying_s": round(verifying, 4), "passes_after_prompt": len(later), "rows_verified": rows,
+            "s_per_pass": round(verifying / len(later), 5) if later else None,
+            "s_per_row": round(verifying / rows, 5) if rows else None,
+            "other_s": round(max(0.0, result.latency_s - result.setup_s - prompt - drafting - verifying), 4)}
 
 
 def run_figures(result: GenerationResult, text: str) -> dict:
@@ -63,7 +74,7 @@ def run_figures(result: GenerationResult, text: str) -> dict:
             "tokens_per_second": round(result.tokens_per_second, 3), "target_passes": result.target_passes,
             "assistant_passes": result.assistant_passes, "tokens_per_pass": round(result.tokens_per_pass, 3),
             "acceptance_rate": None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
-            "stop_reason": result.stop_reason}
+            "stop_reason": result.stop_reason, "time": time_breakdown(result)}
 
 
 @dataclass
@@ -76,6 +87,7 @@ class Comparison:
     assisted: GenerationResult
     baseline_text: str
     assisted_text: str
+    stability: Stability | None = None   # the speed probes around the runs; None when they were not taken
 
     @property
     def speedup(self) -> float:
@@ -95,16 +107,6 @@ class Comparison:
         per_target_pass = statistics.median(s.verify_s for s in self.baseline.steps[1:] or self.baseline.steps)
         return per_assistant_pass / per_target_pass if per_target_pass > 0 else None
 
-    @property
-    def mean_window(self) -> float:
-        steps = [s for s in self.assisted.steps if s.drafted]
-        return sum(len(s.drafted) for s in steps) / len(steps) if steps else 0.0
-
-    @property
-    def predicted_speedup(self) -> float | None:
-        c = 0.0 if self.draft_source == "prompt_lookup" else self.cost_ratio
-        return None if c is None else predicted_speedup(self.assisted.acceptance_rate, self.mean_window, c)
-
     def identical_note(self) -> str:
         if self.settings.do_sample:
             return ("sampling (temperature > 0): the two runs draw different random tokens by design; speculative "
@@ -121,7 +123,7 @@ class Comparison:
         """The one JSON object that `python -m assistgen compare --json` prints and the /compare API returns."""
         steps = [{**asdict(s), "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)}
                  for s in self.assisted.steps]
-        predicted, c = self.predicted_speedup, self.cost_ratio
+        c = self.cost_ratio
         return {
             "pair": self.pair.spec.name, "task": self.task, "mode": self.pair.mode, "draft_source": self.draft_source,
             "settings": {"max_new_tokens": self.settings.max_new_tokens, "temperature": self.settings.temperature,
@@ -133,18 +135,22 @@ class Comparison:
             "assisted": {**run_figures(self.assisted, self.assisted_text), "steps": steps},
             "speedup": round(self.speedup, 4), "identical": self.identical, "identical_note": self.identical_note(),
             "cost_ratio": None if c is None else round(c, 4),
-            "predicted_speedup": None if predicted is None else round(predicted, 4),
+            "stability": None if self.stability is None else self.stability.to_dict(),
             "warnings": self.warnings(), "mode_reason": self.pair.mode_reason,
         }
 
     def warnings(self) -> list[str]:
-        """The pair's warnings, and one for runs the time limit cut short."""
+        """The pair's warnings, one for runs the time limit cut short, and the speed probes' when the machine's
+        speed moved during the comparison."""
+        warnings = list(self.pair.warnings)
         cut = [name for name, run in (("baseline", self.baseline), ("assisted", self.assisted))
                if run.stop_reason == "max_time"]
-        if not cut:
-            return list(self.pair.warnings)
-        limit = f"the {self.settings.max_time_s:g} s time limit (ASSISTGEN_MAX_GENERATION_SECONDS)"
-        return list(self.pair.warnings) + [f"the {' and '.join(cut)} output stopped at {limit}: it is partial"]
+        if cut:
+            limit = f"the {self.settings.max_time_s:g} s time limit (ASSISTGEN_MAX_GENERATION_SECONDS)"
+            warnings.append(f"the {' and '.join(cut)} output stopped at {limit}: it is partial")
+        if self.stability is not None:
+            warnings += self.stability.warnings
+        return warnings
 
 
 def _generate(pair: LoadedPair, inputs: dict, settings: Settings, assisted: bool, on_step, draft_source: str):
@@ -175,14 +181,35 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
 
 def compare(pair: LoadedPair, task: str, inputs: dict, settings: Settings, *,
             on_baseline_step: Callable[[Step], None] | None = None,
-            on_assisted_step: Callable[[Step], None] | None = None) -> Comparison:
-    """Run the baseline, then assisted generation, one after the other (never concurrently: timings would mix)."""
+            on_assisted_step: Callable[[Step], None] | None = None,
+            on_phase: Callable[[str], None] | None = None) -> Comparison:
+    """Run the baseline, then assisted generation, one after the other (never concurrently: timings would mix),
+    bracketed by a speed probe before, between and after, so that a machine whose speed moved is reported.
+
+    `on_phase` hears "warm-up", "probe", "baseline", "probe", "assisted", "probe" as each begins.
+    """
     settings.validate()
+    phase = on_phase or (lambda name: None)
     draft_source = settings.draft_source
     if draft_source == "assistant" and not pair.assistant_usable:
         draft_source = "prompt_lookup"  # the pair's reason is in pair.mode_reason and shown to the user
+    phase("warm-up")
     warm_up(pair, inputs)
+    phase("probe")
+    if pair.probe is None:
+        pair.probe = SpeedProbe(pair.target.model, inputs)
+    probe = pair.probe
+    before = probe.pass_s()
+    phase("baseline")
     baseline = _generate(pair, inputs, settings, False, on_baseline_step, draft_source)
+    phase("probe")
+    between = probe.pass_s()
+    phase("assisted")
     assisted = _generate(pair, inputs, settings, True, on_assisted_step, draft_source)
+    phase("probe")
+    after = probe.pass_s()
+    rows, _ = modal_rows(assisted)
+    rows_s = probe.pass_s(rows) if rows is not None and rows > 1 else None
+    stability = judge({"before": before, "between": between, "after": after}, baseline, assisted, rows_s, rows)
     return Comparison(pair, task, settings, draft_source, baseline, assisted,
-                      decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens))
+                      decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability)

@@ -40,7 +40,7 @@ class GenerationResult:
     assistant_passes: int
     latency_s: float
     stop_reason: str = "max_new_tokens"   # "eos", "max_new_tokens", "max_length" or "max_time"
-    prompt_tokens: int = 0
+    setup_s: float = 0.0                  # before the first step: encoders (Whisper's), KV caches, draft source
 
     @property
     def tokens_per_pass(self) -> float:
@@ -68,7 +68,7 @@ def _eos_ids(model, eos_token_id) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
-def _decoder_prefix(model, inputs: dict) -> list[int]:
+def decoder_prefix(model, inputs: dict) -> list[int]:
     """The token sequence generation continues: the prompt, or an encoder-decoder model's forced decoder prefix."""
     if model.config.is_encoder_decoder:
         if inputs.get("decoder_input_ids") is not None:
@@ -150,7 +150,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
         raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     started = time.perf_counter()
-    prefix = _decoder_prefix(model, inputs)
+    prefix = decoder_prefix(model, inputs)
     eos = _eos_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
     if assistant_model is not None and tokenizer is not None:
@@ -170,6 +170,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
 
+    setup_s = time.perf_counter() - started
     tokens = list(prefix)
     new_tokens: list[int] = []
     steps: list[Step] = []
@@ -220,4 +221,4 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     return GenerationResult(
         new_tokens=new_tokens, steps=steps, target_passes=target.passes,
         assistant_passes=candidate_generator.passes if candidate_generator is not None else 0,
-        latency_s=time.perf_counter() - started, stop_reason=stop_reason, prompt_tokens=len(prefix))
+        latency_s=time.perf_counter() - started, stop_reason=stop_reason, setup_s=setup_s)

@@ -50,6 +50,7 @@ class LoadedPair:
     mode: str                   # "same-tokenizer", "different-tokenizer" or "no-assistant"
     mode_reason: str
     warnings: list[str] = field(default_factory=list)
+    probe: Any = None           # the comparison's speed probe (assistgen.probe.SpeedProbe), built at first use
 
     @property
     def parameter_ratio(self) -> float | None:

@@ -17,6 +17,8 @@ CSS = """
 .ag-legend span {padding: 1px 6px; margin-right: 6px;}
 .ag-big {font-size: 1.6em; font-weight: 700;}
 .ag-note {opacity: 0.8;}
+.ag-warn {background: #fef3c7; color: #78350f; border: 1px solid #f59e0b; border-radius: 6px; padding: 6px 10px;
+          margin-bottom: 6px;}
 """
 
 
@@ -54,41 +56,74 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 
 
 def figures_markdown(run: dict, assisted: bool) -> str:
+    t = run["time"]
     rows = [("latency", _fmt(run["latency_s"], ".2f", " s")), ("new tokens", str(run["new_tokens"])),
             ("tokens / s", _fmt(run["tokens_per_second"], ".2f")), ("target passes", str(run["target_passes"])),
             ("tokens / pass", _fmt(run["tokens_per_pass"], ".2f"))]
     if assisted:
         rows += [("assistant passes", str(run["assistant_passes"])),
                  ("acceptance rate", _fmt(run["acceptance_rate"], ".0%"))]
+    rows += [("setup (encoder, caches)", _fmt(t["setup_s"], ".2f", " s")),
+             ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
+              _fmt(t["prompt_s"], ".2f", " s"))]
+    if assisted:
+        rows += [("drafting (later steps)", _fmt(t["drafting_s"], ".2f", " s")),
+                 ("verifying (later target passes)", f"{_fmt(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
+                  f" × {_ms(t['s_per_pass'])}, {t['rows_verified']} rows, {_ms(t['s_per_row'])} per row")]
+    else:
+        rows.append(("decoding (later target passes)",
+                     f"{_fmt(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × {_ms(t['s_per_pass'])}"))
+    rows.append(("other (bookkeeping, streaming)", _fmt(t["other_s"], ".2f", " s")))
     if run.get("stop_reason") == "max_time":
         rows.append(("stopped", "time limit: partial output"))
     return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
 
 
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def explanation(result: dict) -> str:
+    """Why the speedup is what it is, in the measured parts that add up to each latency."""
+    b, a = result["baseline"], result["assisted"]
+    tb, ta = b["time"], a["time"]
+    fixed_b, fixed_a = tb["setup_s"] + tb["prompt_s"], ta["setup_s"] + ta["prompt_s"]
+    text = (f"Baseline {b['latency_s']:.2f} s = {fixed_b:.2f} s setup and first step + {tb['passes_after_prompt']} "
+            f"passes × {_ms(tb['s_per_pass'])} + {tb['other_s']:.2f} s other. "
+            f"Assisted {a['latency_s']:.2f} s = {fixed_a:.2f} s setup and first step + {ta['drafting_s']:.2f} s "
+            f"drafting + {ta['passes_after_prompt']} passes × {_ms(ta['s_per_pass'])} verifying "
+            f"({ta['rows_verified']} rows) + {ta['other_s']:.2f} s other.")
+    if tb["s_per_pass"] and ta["s_per_pass"]:
+        text += (f" The target ran {a['target_passes']} passes instead of {b['target_passes']}; a verifying pass "
+                 f"cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one")
+        text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
+    return text
+
+
 def summary_html(result: dict) -> str:
-    predicted = result["predicted_speedup"]
-    c = result["cost_ratio"]
     identical = result["identical"]
+    stability = result.get("stability") or {}
+    unreliable = stability.get("stable") is False
     mark = "Same output:" if identical else ("Sampling:" if result["settings"]["temperature"] > 0 else "Differs:")
-    parts = [f"<div><span class='ag-big'>{result['speedup']:.2f}× speedup</span> measured; "
-             f"predicted {_fmt(predicted, '.2f', '×')} from acceptance α = {_fmt(result['assisted']['acceptance_rate'], '.2f')}"
-             f", window k = {_mean_window(result):.1f}, cost ratio c = {_fmt(c, '.2f')} "
-             "using (1−α<sup>k+1</sup>) / ((1−α)(kc+1)), which counts decoder passes only (not the prompt pass "
-             "or an encoder) and takes each draft as accepted independently with probability α: real acceptance "
-             "comes in runs, so with long windows it can be far off</div>",
-             f"<div><b>{mark}</b> {html.escape(result['identical_note'])}</div>",
-             f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
-             f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix.</div>"]
+    parts = []
+    if unreliable:
+        parts.append("<div class='ag-warn' id='ag-unreliable'><b>Timing not reliable:</b> the machine's speed moved "
+                     "during this comparison (see the notes below), so the speedup below is not a fair figure. "
+                     "Press <i>Run again</i> to measure it afresh.</div>")
+    parts += [f"<div><span class='ag-big'>{result['speedup']:.2f}× speedup</span> measured"
+              f"{' (unreliable)' if unreliable else ''}: {result['baseline']['latency_s']:.2f} s alone against "
+              f"{result['assisted']['latency_s']:.2f} s assisted.</div>",
+              f"<div class='ag-note'>{html.escape(explanation(result))}</div>",
+              f"<div><b>{mark}</b> {html.escape(result['identical_note'])}</div>",
+              f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
+              f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix. A fixed target "
+              "pass was timed before, between and after them"
+              + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
     for warning in result.get("warnings", []):
         parts.append(f"<div class='ag-note'><b>Note:</b> {html.escape(warning)}</div>")
     if result["mode"] == "different-tokenizer":
         parts.append(f"<div class='ag-note'><b>Pair:</b> {html.escape(result['mode_reason'])}</div>")
     return "".join(parts)
-
-
-def _mean_window(result: dict) -> float:
-    drafting = [s for s in result["assisted"]["steps"] if s["drafted"]]
-    return sum(len(s["drafted"]) for s in drafting) / len(drafting) if drafting else 0.0
 
 
 def steps_figure(steps: list[dict]):
@@ -132,7 +167,7 @@ class LiveView:
         out = {"status": f"**{snap.phase}**: {snap.message}"}
         if snap.pair is None:  # a new run: clear the previous one's results
             return {**out, "baseline_html": "", "assisted_html": "", "baseline_figures": "", "assisted_figures": "",
-                    "summary": "", "plot": None, "raw": None}
+                    "summary": "", "plot": None, "raw": None, "unreliable": False}
         base, assisted = self._detokenizers(snap.pair)
         base.feed(snap.baseline_tokens[len(base.tokens):])
         for step in snap.assisted_steps[self._steps_seen:]:
@@ -147,5 +182,6 @@ class LiveView:
             out.update(baseline_figures=figures_markdown(result["baseline"], False),
                        assisted_figures=figures_markdown(result["assisted"], True),
                        summary=summary_html(result), plot=steps_figure(result["assisted"]["steps"]), raw=result,
+                       unreliable=not (result["stability"] or {}).get("stable", True),
                        status=f"**done**: {snap.pair.spec.name}; baseline ran first, then assisted")
         return out

@@ -23,6 +23,12 @@ TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "S
                "asr": "Speech recognition"}
 
 
+PHASE_MESSAGES = {"warm-up": "warming the models up (once per pair)",
+                  "probe": "timing a fixed target pass, to check that the machine's speed holds",
+                  "baseline": "baseline running (it runs first)",
+                  "assisted": "assisted generation running (baseline finished)"}
+
+
 class UserError(Exception):
     """Something the user can fix; the message says what to do."""
 
@@ -30,7 +36,7 @@ class UserError(Exception):
 @dataclass
 class Progress:
     """One snapshot of a running comparison, for streaming."""
-    phase: str                                  # "loading", "baseline", "assisted", "done"
+    phase: str                                  # "loading", "warm-up", "probe", "baseline", "assisted", "done"
     message: str = ""
     fraction: float = 0.0
     pair: LoadedPair | None = None
@@ -145,7 +151,8 @@ class Service:
                     events.put(("pair", pair, None))
                     result = compare(pair, task, inputs, settings,
                                      on_baseline_step=lambda s: events.put(("baseline", s, None)),
-                                     on_assisted_step=lambda s: events.put(("assisted", s, None)))
+                                     on_assisted_step=lambda s: events.put(("assisted", s, None)),
+                                     on_phase=lambda name: events.put(("phase", name, None)))
                 events.put(("done", result, None))
             except InputError as exc:
                 events.put(("error", UserError(str(exc)), None))
@@ -187,12 +194,12 @@ class Service:
         if kind == "loading":
             state.phase, state.fraction, state.message = "loading", payload, extra
         elif kind == "pair":
-            state.pair, state.phase, state.message = payload, "baseline", "baseline running (it runs first)"
+            state.pair, state.phase, state.message = payload, "warm-up", PHASE_MESSAGES["warm-up"]
+        elif kind == "phase":
+            state.phase, state.message = payload, PHASE_MESSAGES[payload]
         elif kind == "baseline":
             state.baseline_tokens.extend(payload.emitted)
         elif kind == "assisted":
-            if state.phase != "assisted":
-                state.phase, state.message = "assisted", "assisted generation running (baseline finished)"
             state.assisted_steps.append(payload)
         elif kind == "done":
             state.phase, state.message, state.comparison = "done", "done", payload

@@ -1,0 +1,131 @@
+"""A short, fixed probe of the machine's speed around a comparison, so its figures know when they can't be trusted.
+
+On a shared machine a busy neighbour, a page cache still settling after an install, or a CPU that changes clock can
+slow one run and not the other, and nothing in the run itself shows it: the speedup is then simply wrong. So the
+comparison times one fixed target pass (the prompt's next token, with the prompt in the KV cache: exactly a baseline
+decoding step) before the baseline, between the two runs and after the assisted run, and compares each run's own
+passes with the probes around it. When the machine's speed moved by more than `TOLERANCE`, the result says so.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .decoding import GenerationResult, decoder_prefix
+from .kv import CachedDecoder
+
+TOLERANCE = 0.15   # a 15 % move in the speed of one pass is well beyond what the same pass shows when nothing moves
+REPEATS = 3        # passes per probe; the median resists one stray interruption
+MIN_PASSES = 3     # a run's own passes of the probe's shape needed to judge it
+PROMPT_TOKENS = 32
+
+
+class SpeedProbe:
+    """Times a target pass of a fixed shape: `rows` copies of one fixed token fed after a fixed prompt.
+
+    Built once per loaded pair, from the first request's input (a decoder-only prompt cut to `PROMPT_TOKENS`, so a
+    long prompt does not make the probe long; an encoder runs once, here), and kept: every later probe has the same
+    shape.
+    """
+
+    def __init__(self, model, inputs: dict):
+        prefix = decoder_prefix(model, inputs)
+        if not model.config.is_encoder_decoder:
+            prefix = prefix[:PROMPT_TOKENS]
+            inputs = {"input_ids": torch.tensor([prefix])}
+        self._decoder = CachedDecoder(model, inputs, prefix_length=len(prefix))
+        self._prefix = prefix
+        self._token = int(self._decoder.logits(prefix)[0].argmax())   # the prompt pass, once and untimed
+
+    def pass_s(self, rows: int = 1) -> float:
+        """Median seconds of `REPEATS` passes over `rows` tokens after the prompt (the cache is cropped back each
+        time, so every pass has the same shape)."""
+        tokens = self._prefix + [self._token] * rows
+        times = []
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            self._decoder.logits(tokens, keep=rows)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+
+@dataclass
+class Stability:
+    """The probes and each run's own passes of the same shape; `warnings` when the machine's speed moved."""
+    probe_s: dict[str, float]                  # "before", "between", "after": one plain target pass
+    baseline_pass_s: float | None              # the baseline's median decoding pass (its first, the prompt, excluded)
+    assisted_rows: int | None = None           # the assisted run's most common verification shape, in rows
+    assisted_pass_s: float | None = None       # its median pass of that shape
+    probe_rows_s: float | None = None          # the probe of that shape, after the assisted run
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def stable(self) -> bool:
+        return not self.warnings
+
+    def to_dict(self) -> dict:
+        r = lambda v: None if v is None else round(v, 5)  # noqa: E731
+        return {"stable": self.stable, "tolerance": TOLERANCE, "probe_s": {k: r(v) for k, v in self.probe_s.items()},
+                "baseline_pass_s": r(self.baseline_pass_s), "assisted_rows": self.assisted_rows,
+                "assisted_pass_s": r(self.assisted_pass_s), "probe_rows_s": r(self.probe_rows_s),
+                "warnings": list(self.warnings)}
+
+
+def _moved(a: float, b: float) -> bool:
+    return max(a, b) > (1 + TOLERANCE) * min(a, b)
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{abs(a / b - 1):.0%} {'slower' if a > b else 'faster'}"
+
+
+def modal_rows(result: GenerationResult) -> tuple[int | None, list[float]]:
+    """The most common number of rows the target verified per pass (the prompt pass excluded), and those passes'
+    seconds."""
+    by_rows: dict[int, list[float]] = {}
+    for step in result.steps[1:]:
+        by_rows.setdefault(len(step.drafted) + 1, []).append(step.verify_s)
+    if not by_rows:
+        return None, []
+    rows = max(by_rows, key=lambda n: (len(by_rows[n]), -n))
+    return rows, by_rows[rows]
+
+
+def judge(probe_s: dict[str, float], baseline: GenerationResult, assisted: GenerationResult,
+          probe_rows_s: float | None = None, assisted_rows: int | None = None) -> Stability:
+    """Compare the probes with each other and with each run's own passes of the same shape."""
+    warnings = []
+    before, between, after = probe_s["before"], probe_s["between"], probe_s["after"]
+    fastest, slowest = min(probe_s.values()), max(probe_s.values())
+    if _moved(fastest, slowest):
+        warnings.append(
+            f"the machine's speed moved during this comparison: the same target pass took {before * 1000:.1f} ms "
+            f"before the baseline, {between * 1000:.1f} ms between the runs and {after * 1000:.1f} ms after the "
+            f"assisted run ({slowest / fastest - 1:.0%} apart), so the speedup is not reliable; run it again")
+    plain = [s.verify_s for s in baseline.steps[1:]]
+    baseline_pass = statistics.median(plain) if len(plain) >= MIN_PASSES else None
+    around = (before + between) / 2
+    if baseline_pass is not None and _moved(baseline_pass, around):
+        warnings.append(
+            f"the baseline's passes ran {_pct(baseline_pass, around)} than the same pass measured just before and "
+            f"after it ({baseline_pass * 1000:.1f} against {around * 1000:.1f} ms): the machine was busier during the "
+            "baseline, so its latency and the speedup are not reliable; run it again")
+    rows, passes = modal_rows(assisted)
+    assisted_pass = None
+    if rows is not None and len(passes) >= MIN_PASSES:
+        assisted_pass = statistics.median(passes)
+        if rows == 1:
+            reference, shape = (between + after) / 2, "plain pass"
+        elif probe_rows_s is not None and assisted_rows == rows:
+            reference, shape = probe_rows_s, f"pass over {rows} rows"
+        else:
+            reference = None
+        if reference is not None and _moved(assisted_pass, reference):
+            warnings.append(
+                f"the assisted run's passes ran {_pct(assisted_pass, reference)} than the same {shape} measured "
+                f"after it ({assisted_pass * 1000:.1f} against {reference * 1000:.1f} ms): the machine's speed moved "
+                "during the assisted run, so its latency and the speedup are not reliable; run it again")
+    return Stability(dict(probe_s), baseline_pass, rows, assisted_pass, probe_rows_s, warnings)

@@ -1,0 +1,126 @@
+"""Figures that know when they can't be trusted: a fault hook slows the target during one run only, and the speed
+probes around the runs must catch it; with nothing injected, no warning. No wall-clock time is asserted: the hook
+sets each pass's duration, and the tests check what the comparison concludes from it."""
+import time
+
+import pytest
+
+from assistgen.catalog import load_catalog
+from assistgen.compare import Settings, compare
+from assistgen.pool import ModelPool
+from assistgen.render import LiveView, summary_html
+from assistgen.service import Progress
+from assistgen.tasks import text_inputs
+
+PASS_S = 0.025   # every target pass is padded to this long, so its duration is set by the hook, not by the machine
+SLOW = 1.6       # the injected fault: passes in a slow phase take this many times longer
+
+
+class Pace:
+    """A fault hook on a model: each forward pass lasts `PASS_S`, or `SLOW` times that during the phases named in
+    `slow` ("baseline", "assisted", or "probe#2" for the second probe)."""
+
+    def __init__(self, model, slow: set[str] = frozenset()):
+        self.slow, self.phases, self.passes = set(slow), [], 0
+        self._handles = [model.register_forward_pre_hook(self._start),
+                         model.register_forward_hook(self._finish)]
+
+    def on_phase(self, name: str) -> None:
+        self.phases.append(name)
+
+    @property
+    def slowed(self) -> bool:
+        if not self.phases:
+            return False
+        name = self.phases[-1]
+        return name in self.slow or f"{name}#{self.phases.count(name)}" in self.slow
+
+    def _start(self, module, args):
+        self._started = time.perf_counter()
+
+    def _finish(self, module, args, output):
+        self.passes += 1
+        duration = PASS_S * (SLOW if self.slowed else 1.0)
+        while (left := self._started + duration - time.perf_counter()) > 0:
+            time.sleep(min(left, 0.002))
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_catalog_path):
+    return ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-text")
+
+
+SETTINGS = Settings(max_new_tokens=16, schedule="constant", num_assistant_tokens=3)
+
+
+def run(pair, slow=()):
+    inputs = text_inputs(pair, "chat", "The quick brown fox jumps over the lazy dog.")
+    pace = Pace(pair.target.model, set(slow))
+    try:
+        result = compare(pair, "chat", inputs, SETTINGS, on_phase=pace.on_phase)
+    finally:
+        pace.remove()
+    assert pace.passes > 0
+    return result
+
+
+def test_a_clean_comparison_carries_no_speed_warning(pair):
+    result = run(pair)
+    stability = result.to_dict()["stability"]
+    assert stability["stable"] is True, stability["warnings"]
+    assert not [w for w in result.warnings() if "speed" in w or "not reliable" in w]
+    # every check had something to judge: both runs' passes and all three probes
+    assert stability["baseline_pass_s"] is not None and stability["assisted_pass_s"] is not None
+    assert stability["assisted_rows"] == 4 and stability["probe_rows_s"] is not None
+    assert set(stability["probe_s"]) == {"before", "between", "after"}
+
+
+def test_a_target_slowed_during_the_baseline_only_is_reported(pair):
+    result = run(pair, slow={"baseline"})
+    data = result.to_dict()
+    assert data["stability"]["stable"] is False
+    assert any("baseline's passes ran" in w and "slower" in w for w in data["warnings"]), data["warnings"]
+    assert not any("assisted run's passes" in w for w in data["warnings"]), data["warnings"]
+
+
+def test_a_target_slowed_during_the_assisted_run_only_is_reported(pair):
+    data = run(pair, slow={"assisted"}).to_dict()
+    assert data["stability"]["stable"] is False
+    assert any("assisted run's passes ran" in w for w in data["warnings"]), data["warnings"]
+    assert not any("baseline's passes" in w for w in data["warnings"]), data["warnings"]
+
+
+def test_a_probe_that_moved_is_reported_even_when_the_runs_look_alike(pair):
+    data = run(pair, slow={"probe#2"}).to_dict()
+    assert any("the machine's speed moved" in w for w in data["warnings"]), data["warnings"]
+
+
+def test_the_page_marks_an_unreliable_result_and_offers_a_rerun(pair):
+    result = run(pair, slow={"baseline"})
+    html = summary_html(result.to_dict())
+    assert "Timing not reliable" in html and "Run again" in html and "(unreliable)" in html
+    out = LiveView().outputs(Progress("done", pair=pair, baseline_tokens=result.baseline.new_tokens,
+                                      assisted_steps=result.assisted.steps, comparison=result))
+    assert out["unreliable"] is True
+    clean = run(pair)
+    out = LiveView().outputs(Progress("done", pair=pair, baseline_tokens=clean.baseline.new_tokens,
+                                      assisted_steps=clean.assisted.steps, comparison=clean))
+    assert out["unreliable"] is False and "Timing not reliable" not in out["summary"]
+
+
+def test_the_time_breakdown_adds_up_to_each_latency(pair):
+    data = run(pair).to_dict()
+    for name in ("baseline", "assisted"):
+        run_ = data[name]
+        t = run_["time"]
+        total = t["setup_s"] + t["prompt_s"] + t["drafting_s"] + t["verifying_s"] + t["other_s"]
+        assert total == pytest.approx(run_["latency_s"], abs=2e-3)
+        assert t["passes_after_prompt"] == run_["target_passes"] - 1
+        assert t["verifying_s"] >= t["passes_after_prompt"] * PASS_S  # every later target pass was paced
+    steps = data["assisted"]["steps"][1:]
+    assert data["assisted"]["time"]["rows_verified"] == sum(len(s["drafted"]) + 1 for s in steps)
+    assert data["baseline"]["time"]["drafting_s"] == 0
