@@ -321,8 +321,8 @@ def map_safetensors(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_cached(out_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from a converted folder, in eval mode, in seconds.
+def load_cached(out_dir: Path, dtype: torch.dtype = torch.float32, *, tokenizer: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a converted folder, in eval mode, in seconds (the tokenizer None unless asked).
 
     The weights are views of a memory map: call ``assistgen.cpu.materialize`` (the loader does) to move them into
     process memory, where the page cache cannot evict them mid-generation.
@@ -345,5 +345,4 @@ def load_cached(out_dir: Path, dtype: torch.dtype = torch.float32) -> tuple[Any,
         model.tie_weights()
     model.config._name_or_path = model.name_or_path = str(out_dir)
     model.generation_config = GenerationConfig.from_pretrained(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(out_dir)
-    return model.eval(), tokenizer
+    return model.eval(), AutoTokenizer.from_pretrained(out_dir) if tokenizer else None

@@ -134,6 +134,26 @@ def pair_availability(pair: PairSpec, catalog: Catalog) -> tuple[bool, str]:
 
 # --- loading --------------------------------------------------------------------------------------------------------
 
+_tokenizers: dict[str, Any] = {}   # sha256 of a folder's tokenizer files -> the tokenizer loaded from them
+
+
+def _shared_tokenizer(folder: Path, auto) -> Any:
+    """One tokenizer object for every folder whose tokenizer files are byte-identical (a target and its sibling
+    assistant: loading the Qwen tokenizer costs about a second each time)."""
+    import hashlib
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.glob("*") if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))
+                   or p.name == "added_tokens.json")
+    if not files:
+        return auto.from_pretrained(str(folder))
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()
+    if key not in _tokenizers:
+        _tokenizers[key] = auto.from_pretrained(str(folder))
+    return _tokenizers[key]
+
+
 def _count(model) -> tuple[int, int]:
     params = list(model.parameters())
     unique = {p.data_ptr(): p for p in params}.values()  # tied weights once
@@ -308,7 +328,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         def float_model():
             if spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit"):
                 from .gguf import load_cached
-                return load_cached(Path(folder), dtype)[0]
+                return load_cached(Path(folder), dtype, tokenizer=False)[0]
             return auto.from_pretrained(folder, **kwargs)
 
         if spec.quantization == "dynamic_int8":
@@ -320,7 +340,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             processor = AutoProcessor.from_pretrained(folder)
             tokenizer = processor.tokenizer
         elif tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+            tokenizer = _shared_tokenizer(Path(folder), AutoTokenizer)
         if not spec.device_map and spec.quantization not in ("int8", "4bit", "dynamic_int8"):
             model = model.to(device=device, dtype=dtype)
         model.eval()
@@ -352,6 +372,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
 
 def tokenizer_mode(target_tokenizer, assistant_tokenizer) -> tuple[str, str]:
     """Classify a pair: "same-tokenizer" when vocabularies, special tokens and encodings agree, else why not."""
+    if target_tokenizer is assistant_tokenizer:  # loaded once from byte-identical files
+        return "same-tokenizer", "identical tokenizers: the assistant's drafts are the target's token ids"
     if target_tokenizer.get_vocab() != assistant_tokenizer.get_vocab():
         a, b = len(target_tokenizer.get_vocab()), len(assistant_tokenizer.get_vocab())
         return "different-tokenizer", f"the vocabularies differ ({a:,} vs {b:,} tokens)"

@@ -39,14 +39,17 @@ class ModelPool:
         return list(self._models)
 
     def _evict(self, need: int, keep: set[str]) -> None:
+        evicted = False
         with self._lock:
             for name in list(self._models):
                 if self.resident_bytes + need <= self.budget_bytes:
                     break
                 if name not in keep:
                     del self._models[name]
-        import gc
-        gc.collect()
+                    evicted = True
+        if evicted:  # a full collection walks every live object: a third of a second with a pair loaded
+            import gc
+            gc.collect()
 
     def model(self, spec: ModelSpec, progress: Progress | None = None, *, keep: set[str] = frozenset()) -> LoadedModel:
         with self._lock:
@@ -69,6 +72,8 @@ class ModelPool:
         report = progress or (lambda fraction, message: None)
         names = {pair.target.name} | ({pair.assistant.name} if pair.assistant else set())
         target = self.model(pair.target, lambda f, m: report(0.6 * f, m), keep=names)
+        # One after the other: loading both at once (threads) made the target's load four times slower, as
+        # oneDNN's OpenMP threads waited on a core the other load held.
         assistant = (self.model(pair.assistant, lambda f, m: report(0.6 + 0.4 * f, m), keep=names)
                      if pair.assistant else None)
         # The pair check compares whole vocabularies: do it once per loaded pair, not on every request.

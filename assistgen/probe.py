@@ -25,7 +25,7 @@ TOLERANCE = 0.15   # a run whose passes moved by more than this against the prob
 PROBE_SPREAD = 2 * TOLERANCE   # the probes themselves: one probe is a second of the machine, noisier than a run
 REPEATS = 3        # passes per probe; the fastest stands for the machine (interference only ever adds time)
 MIN_PASSES = 3     # a run's own passes of the probe's shape needed to judge it
-PROMPT_TOKENS = 32
+PROMPT_TOKENS = 8
 
 
 def lower_quartile(values: list[float]) -> float:

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -74,19 +75,26 @@ def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
     untied = [k for k in missing if k.rsplit(".", 1)[0] not in quantized]  # only the layers rebuilt below
     if unexpected or untied:
         raise ValueError(f"int8 cache does not fit the model: missing {untied[:3]}, unexpected {unexpected[:3]}")
-    for name in names:
+    def quantized_linear(name: str):
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        old = getattr(parent, child)
+        old = getattr(model.get_submodule(parent_name), child)
         bias = tensors.get(f"{name}.bias")
-        q = linear(old.in_features, old.out_features, bias_=bias is not None, dtype=torch.qint8)
+        # Built 1x1 and then given its weight: the constructor packs a zero weight of the full size first, which
+        # cost more than the real packing (4.7 s of 7 s for the 0.5B).
+        q = linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
+        q.in_features, q.out_features = old.in_features, old.out_features
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # quantized tensor creation is deprecated; it works here
             weight = torch._make_per_tensor_quantized_tensor(tensors[f"{name}.qweight"],
                                                              float(tensors[f"{name}.qscale"][0]),
                                                              int(tensors[f"{name}.qzero_point"][0]))
-        q.set_weight_bias(weight, bias)
-        setattr(parent, child, q)
+        q.set_weight_bias(weight, bias)   # the packing: single-threaded, so two layers are packed at a time
+        return name, q
+
+    with ThreadPoolExecutor(max(1, min(4, torch.get_num_threads()))) as pool:
+        for name, q in pool.map(quantized_linear, names):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, q)
     return model.eval()
 
 
