@@ -186,12 +186,30 @@ def queue_and_launch(demo: gr.Blocks, **kwargs):
 
 
 def main() -> None:
+    # The timed runs share the interpreter with the server: a thread that holds the GIL gives it back after at
+    # most this long (5 ms by default), so a render or a request cannot stall a pass for long.
+    sys.setswitchinterval(0.0005)
     try:
         catalog = load_catalog()
     except CatalogError as exc:
         print(f"assistgen: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(2)
-    queue_and_launch(build_demo(Service(catalog)))
+    service = Service(catalog)
+    demo = build_demo(service)
+    if os.environ.get("ASSISTGEN_PRELOAD", "1") != "0":
+        # the default pairs load and warm up while the page is already served: the first click finds them ready
+        import threading
+        import time
+
+        def preload(names=service.default_pairs()):
+            started = time.perf_counter()
+            failed = service.preload(names)
+            ready = [n for n in names if n not in failed]
+            print(f"assistgen: {', '.join(ready) or 'no pair'} loaded and warmed up in "
+                  f"{time.perf_counter() - started:.1f} s" + (f"; could not preload {', '.join(failed)}" if failed
+                                                               else ""), file=sys.stderr, flush=True)
+        threading.Thread(target=preload, daemon=True, name="assistgen-preload").start()
+    queue_and_launch(demo)
 
 
 if __name__ == "__main__":

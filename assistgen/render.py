@@ -151,11 +151,13 @@ def steps_figure(steps: list[dict]):
 
 
 class LiveView:
-    """Turns the service's progress snapshots into the app's outputs, detokenizing each token once."""
+    """Turns the service's progress snapshots into the app's outputs, detokenizing each token once and rendering a
+    panel only when it changed (the rendering shares two cores with the timed run)."""
 
     def __init__(self):
         self._base = self._assisted = None
         self._steps_seen = 0
+        self._status = None
 
     def _detokenizers(self, pair):
         from .tasks import Detokenizer
@@ -164,22 +166,28 @@ class LiveView:
         return self._base, self._assisted
 
     def outputs(self, snap) -> dict:
-        out = {"status": f"**{snap.phase}**: {snap.message}"}
+        out = {}
+        status = f"**{snap.phase}**: {snap.message}"
+        if status != self._status:
+            out["status"] = self._status = status
         if snap.pair is None:  # a new run: clear the previous one's results
             return {**out, "baseline_html": "", "assisted_html": "", "baseline_figures": "", "assisted_figures": "",
                     "summary": "", "plot": None, "raw": None, "unreliable": False}
         base, assisted = self._detokenizers(snap.pair)
-        base.feed(snap.baseline_tokens[len(base.tokens):])
-        for step in snap.assisted_steps[self._steps_seen:]:
-            assisted.feed(step.emitted)
-        self._steps_seen = len(snap.assisted_steps)
-        steps = [asdict(s) for s in snap.assisted_steps]
-        decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
-        out["baseline_html"] = baseline_html(base.pieces)
-        out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)
+        if len(snap.baseline_tokens) > len(base.tokens) or not base.tokens:
+            base.feed(snap.baseline_tokens[len(base.tokens):])
+            out["baseline_html"] = baseline_html(base.pieces)
+        if len(snap.assisted_steps) > self._steps_seen or snap.comparison is not None:
+            for step in snap.assisted_steps[self._steps_seen:]:
+                assisted.feed(step.emitted)
+            self._steps_seen = len(snap.assisted_steps)
+            steps = [asdict(s) for s in snap.assisted_steps]
+            decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
+            out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)
         if snap.comparison is not None:
             result = snap.comparison.to_dict()
-            out.update(baseline_figures=figures_markdown(result["baseline"], False),
+            out.update(baseline_html=baseline_html(base.pieces),
+                       baseline_figures=figures_markdown(result["baseline"], False),
                        assisted_figures=figures_markdown(result["assisted"], True),
                        summary=summary_html(result), plot=steps_figure(result["assisted"]["steps"]), raw=result,
                        unreliable=not (result["stability"] or {}).get("stable", True),

@@ -12,12 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
+import numpy as np
+
 from .audio import load_audio, max_audio_seconds
 from .catalog import TASKS, Catalog
-from .compare import MAX_NEW_TOKENS_LIMIT, Comparison, Settings, compare
+from .compare import MAX_NEW_TOKENS_LIMIT, Comparison, Settings, compare, warm_up
 from .loading import LoadError, LoadedPair, pair_availability
 from .pool import ModelPool
-from .tasks import DEFAULT_MAX_INPUT_TOKENS, InputError, asr_inputs, text_inputs
+from .tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, asr_inputs, text_inputs
 
 TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "Summarization",
                "asr": "Speech recognition"}
@@ -55,7 +57,7 @@ class Service:
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
         self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
-        self.update_interval_s = 0.3
+        self.update_interval_s = 1.0   # streamed updates at most this often: each one costs the timed run CPU time
 
     # --- choices -------------------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
@@ -203,6 +205,30 @@ class Service:
             state.assisted_steps.append(payload)
         elif kind == "done":
             state.phase, state.message, state.comparison = "done", "done", payload
+
+    def default_pairs(self) -> list[str]:
+        """Each task's default pair (its first available one), each once."""
+        names = [self.default_pair(self.pair_choices(task)) for task in TASK_LABELS]
+        return list(dict.fromkeys(name for name in names if name))
+
+    def preload(self, pair_names: list[str]) -> list[str]:
+        """Load and warm up these pairs now, one at a time under the model lock, so no click pays for it (the app
+        does this in the background at start-up). Returns the pairs that failed; a failure here is reported again,
+        with its reason, to whoever picks that pair."""
+        failed = []
+        for name in pair_names:
+            try:
+                with self._lock:
+                    pair = self.pool.pair(name)
+                    warm_up(pair, self._warm_up_inputs(pair))
+            except Exception:  # the pair's own request will show the reason
+                failed.append(name)
+        return failed
+
+    def _warm_up_inputs(self, pair: LoadedPair) -> dict:
+        if "asr" in pair.spec.tasks:
+            return asr_inputs(pair, np.zeros(SAMPLE_RATE, dtype=np.float32))   # a second of silence
+        return text_inputs(pair, pair.spec.tasks[0], "Hello.", max_input_tokens=self.max_input_tokens)
 
     def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
         """The whole comparison, without streaming (CLI-like API use)."""

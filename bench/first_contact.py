@@ -1,0 +1,87 @@
+"""A new user's first contact, timed: prepare on a fresh cache, the app started, the page served, the first click and
+later clicks, in headless Chromium, as the README's first command leaves things.
+
+    .venv/bin/python bench/first_contact.py [--cache DIR] [--clicks 3] [--max-new-tokens 128] [--text "..."]
+
+Without --cache it prepares into a fresh temporary folder (several minutes: every offline pack is converted). The
+install itself (the pip part of the first command) is timed by hand: `time` it on a clean machine. Prints a line per
+stage and writes nothing else. A benchmark, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from app_vs_cli import CHROMIUM_ARGS, ROOT, start_app  # noqa: E402
+
+DEFAULT_TEXT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", help="an ASSISTGEN_CACHE to use as it is (default: a fresh temporary one)")
+    parser.add_argument("--clicks", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--text", default=DEFAULT_TEXT)
+    args = parser.parse_args(argv)
+    cache = args.cache or tempfile.mkdtemp(prefix="assistgen-first-contact-")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ASSISTGEN_CACHE": cache}
+
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "assistgen", "prepare"], cwd=ROOT, env=env, check=True,
+                   stderr=subprocess.DEVNULL)
+    print(f"prepare (every offline pack, cache {cache}): {time.perf_counter() - started:.1f} s", flush=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "assistgen", "prepare"], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"prepare again (idempotent): {time.perf_counter() - started:.1f} s", flush=True)
+
+    started = time.perf_counter()
+    proc, url = start_app(env)
+    print(f"page served: {time.perf_counter() - started:.1f} s after starting app.py", flush=True)
+    from playwright.sync_api import sync_playwright
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.goto(url)
+            print(f"page loaded in the browser: {time.perf_counter() - started:.1f} s after starting app.py",
+                  flush=True)
+            if args.max_new_tokens != 128:
+                page.get_by_text("Settings").first.click()
+                number = page.locator("#max-new-tokens input[type=number]")
+                number.fill(str(args.max_new_tokens))
+                number.press("Enter")
+            for click in range(1, args.clicks + 1):
+                page.locator("#input-chat textarea").fill(args.text + " " * (click - 1))
+                clicked = time.perf_counter()
+                page.locator("#run-chat").click()
+                page.wait_for_function("document.querySelector('#status') && "
+                                       "document.querySelector('#status').innerText.includes('done')",
+                                       timeout=1_800_000)
+                waited = time.perf_counter() - clicked
+                summary = page.locator("#summary").inner_text()
+                figures = {panel: float(re.search(r"latency\s+([\d.]+) s", page.locator(panel).inner_text()).group(1))
+                           for panel in ("#baseline-figures", "#assisted-figures")}
+                speedup = re.search(r"([\d.]+)× speedup", summary).group(1)
+                print(f"click {click} (after starting app.py: {clicked - started:.0f} s): done in {waited:.1f} s; "
+                      f"baseline {figures['#baseline-figures']:.1f} s, assisted {figures['#assisted-figures']:.1f} s, "
+                      f"{speedup}×{'; timing flagged as not reliable' if 'Timing not reliable' in summary else ''}",
+                      flush=True)
+                page.screenshot(path=str(Path(cache) / f"click{click}.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
