@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
 import struct
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,7 +21,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from .packs import file_lock
+from .packs import build_folder
 
 Progress = Callable[[float, str], None]
 Plan = list[tuple["TensorInfo", str, tuple[int, ...]]]
@@ -266,31 +264,22 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, *, dtype: torch.dtype = torch.flo
     report = progress or (lambda fraction, message: None)
     if dtype not in _SAFETENSORS_DTYPE:
         raise ValueError(f"unsupported dtype {dtype}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
-        if is_converted(gguf_path, out_dir, dtype):
-            return out_dir
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            report(0.0, "reading GGUF header")
-            metadata, tensors = read_header(gguf_path)
-            config = config_from_metadata(metadata, [t.name for t in tensors])
-            processor, plan = _weight_plan(config, metadata["general.architecture"], tensors)
-            config.dtype = dtype
-            _write_safetensors(gguf_path, tmp / "model.safetensors", plan, processor, dtype, report)
-            report(1.0, "writing tokenizer")
-            tokenizer = _tokenizer(gguf_path, config.model_type)
-            tokenizer.model_max_length = config.max_position_embeddings
-            tokenizer.save_pretrained(tmp)
-            config.save_pretrained(tmp)
-            _generation_config(config, tokenizer).save_pretrained(tmp)
-            (tmp / MARKER).write_text(json.dumps(_marker(gguf_path, dtype)))
-            os.chmod(tmp, 0o755)
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+    def write(tmp: Path) -> None:
+        report(0.0, "reading GGUF header")
+        metadata, tensors = read_header(gguf_path)
+        config = config_from_metadata(metadata, [t.name for t in tensors])
+        processor, plan = _weight_plan(config, metadata["general.architecture"], tensors)
+        config.dtype = dtype
+        _write_safetensors(gguf_path, tmp / "model.safetensors", plan, processor, dtype, report)
+        report(1.0, "writing tokenizer")
+        tokenizer = _tokenizer(gguf_path, config.model_type)
+        tokenizer.model_max_length = config.max_position_embeddings
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        _generation_config(config, tokenizer).save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps(_marker(gguf_path, dtype)))
+    build_folder(out_dir, lambda: is_converted(gguf_path, out_dir, dtype), write)
     report(1.0, "done")
     return out_dir
 

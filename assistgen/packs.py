@@ -14,8 +14,9 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,27 @@ def file_lock(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def build_folder(out_dir: Path, done: Callable[[], bool], write: Callable[[Path], None]) -> Path:
+    """Build ``out_dir`` once. Under an inter-process lock, unless ``done()``, ``write(tmp)`` fills a temporary
+    folder beside it, which then replaces ``out_dir`` in one rename: a reader sees the old folder or the new one,
+    never half of one, and concurrent callers wait and reuse the result."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+        if done():
+            return out_dir
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o755)
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
 
 
 def _cached(path: Path, sha256: str | None) -> bool:

@@ -7,9 +7,6 @@ rebuilds the quantized linear layers from them: the packing alone remains.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .packs import file_lock
+from .packs import build_folder
 
 FORMAT_VERSION = 1
 MARKER = "assistgen-int8.json"
@@ -115,24 +112,13 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
     `source` identifies what it was quantized from (the float cache's own marker): a changed source is requantized.
     """
     from safetensors.torch import save_file
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
-        if is_stored(out_dir, source):
-            return out_dir
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            save_file(tensors_of(model), str(tmp / "model.safetensors"))
-            model.config.save_pretrained(tmp)
-            model.generation_config.save_pretrained(tmp)
-            (tmp / MARKER).write_text(json.dumps(_marker(source)))
-            os.chmod(tmp, 0o755)
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    def write(tmp: Path) -> None:
+        save_file(tensors_of(model), str(tmp / "model.safetensors"))
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps(_marker(source)))
+    return build_folder(Path(out_dir), lambda: is_stored(out_dir, source), write)
 
 
 def load(out_dir: Path, model_class) -> nn.Module:

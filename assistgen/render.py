@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-from dataclasses import asdict
 
 LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
           "</span> <span class='ag-rej'>rejected draft</span> <span class='ag-base'>baseline token</span></div>")
@@ -30,6 +29,11 @@ def _span(cls: str, text: str, title: str = "") -> str:
 def baseline_html(pieces: list[str]) -> str:
     body = "".join(_span("ag-base", p) for p in pieces) or "<span class='ag-note'>…</span>"
     return f"<div class='ag-out'>{body}</div>"
+
+
+def plain_html(pieces: list[str]) -> str:
+    """The text so far, as one escaped text node: what a panel shows while its run is timed."""
+    return f"<div class='ag-out'>{html.escape(''.join(pieces)) or '…'}</div>"
 
 
 def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
@@ -174,19 +178,21 @@ class LiveView:
             return {**out, "baseline_html": "", "assisted_html": "", "baseline_figures": "", "assisted_figures": "",
                     "summary": "", "plot": None, "raw": None, "unreliable": False}
         base, assisted = self._detokenizers(snap.pair)
+        # While a timed run goes on, each panel streams as plain text (one text node for the browser to lay out,
+        # on the same cores as the run when it is local); the coloured, per-token view comes with the result.
         if len(snap.baseline_tokens) > len(base.tokens) or not base.tokens:
             base.feed(snap.baseline_tokens[len(base.tokens):])
-            out["baseline_html"] = baseline_html(base.pieces)
-        if len(snap.assisted_steps) > self._steps_seen or snap.comparison is not None:
+            out["baseline_html"] = plain_html(base.pieces)
+        if len(snap.assisted_steps) > self._steps_seen:
             for step in snap.assisted_steps[self._steps_seen:]:
                 assisted.feed(step.emitted)
             self._steps_seen = len(snap.assisted_steps)
-            steps = [asdict(s) for s in snap.assisted_steps]
-            decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
-            out["assisted_html"] = assisted_html(steps, assisted.pieces, decode_one)
+            out["assisted_html"] = plain_html(assisted.pieces)
         if snap.comparison is not None:
             result = snap.comparison.to_dict()
+            decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
             out.update(baseline_html=baseline_html(base.pieces),
+                       assisted_html=assisted_html(result["assisted"]["steps"], assisted.pieces, decode_one),
                        baseline_figures=figures_markdown(result["baseline"], False),
                        assisted_figures=figures_markdown(result["assisted"], True),
                        summary=summary_html(result), plot=steps_figure(result["assisted"]["steps"]), raw=result,

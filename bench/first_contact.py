@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                 page.locator("#input-chat textarea").fill(args.text + " " * (click - 1))
                 clicked = time.perf_counter()
                 page.locator("#run-chat").click()
-                page.wait_for_function("document.querySelector('#status') && "
-                                       "document.querySelector('#status').innerText.includes('done')",
+                # the previous click's result says "done" until the new run clears it
+                page.wait_for_function("!document.querySelector('#status').innerText.includes('done')",
+                                       timeout=60_000)
+                page.wait_for_function("document.querySelector('#status').innerText.includes('done')",
                                        timeout=1_800_000)
                 waited = time.perf_counter() - clicked
                 summary = page.locator("#summary").inner_text()
