@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec
-from .loading import (LoadError, availability, convert_pack, default_device, int8_stored, load_model, pack_dtype)
+from .loading import LoadError, availability, convert_pack, default_device, int8_stored, load_model, pack_dtype
 from .packs import PackError
 
 

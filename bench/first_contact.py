@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.max_new_tokens != 128:
                 page.get_by_text("Settings").first.click()
                 number = page.locator("#max-new-tokens input[type=number]")
+                number.wait_for(timeout=300_000)  # the page renders slowly while the preload holds both cores
                 number.fill(str(args.max_new_tokens))
                 number.press("Enter")
             for click in range(1, args.clicks + 1):
