@@ -7,7 +7,7 @@ from typing import Callable
 
 from .decoding import GenerationResult, Step, generate
 from .loading import LoadedPair
-from .probe import SpeedProbe, Stability, judge, modal_rows
+from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .schedules import SCHEDULES
 from .tasks import decode
 
@@ -216,8 +216,8 @@ def compare(pair: LoadedPair, task: str, inputs: dict, settings: Settings, *,
     assisted = _generate(pair, inputs, settings, True, on_assisted_step, draft_source)
     phase("probe")
     after = probe.pass_s()
-    rows, _ = modal_rows(assisted)
-    rows_s = probe.pass_s(rows) if rows is not None and rows > 1 else None
-    stability = judge({"before": before, "between": between, "after": after}, baseline, assisted, rows_s, rows)
+    rows = rows_to_probe(assisted)   # None when no check could use it: no passes spent on it
+    rows_s = None if rows is None else probe.pass_s(rows)
+    stability = judge({"before": before, "between": between, "after": after}, baseline, assisted, rows_s)
     return Comparison(pair, task, settings, draft_source, baseline, assisted,
                       decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability)

@@ -191,26 +191,28 @@ def _ct2_marker(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> dict:
     return {"model.bin": catalog.packs[spec.location].files[0].sha256, "dtype": str(dtype)}
 
 
+def _converted(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, files: dict[str, Path], out_dir: Path) -> bool:
+    """Whether `out_dir` holds a finished conversion of these assembled files, by its marker."""
+    if catalog.packs[spec.location].format == "gguf":
+        from .gguf import is_converted
+        return is_converted(next(iter(files.values())), out_dir, dtype)
+    try:
+        return json.loads((out_dir / CONVERSION_MARKER).read_text()) == _ct2_marker(spec, catalog, dtype)
+    except (OSError, ValueError):
+        return False
+
+
 def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
     """Whether a pack model is in the cache as it loads (assembled, verified, converted, and stored in int8 when it
     runs so), so that a load converts nothing. Reads markers and stamps only."""
-    from .gguf import is_converted
     from .packs import _stamped_sha256
     dtype = pack_dtype(spec, device)
-    pack = catalog.packs[spec.location]
     files, out_dir = _pack_paths(spec, catalog, dtype)
-    for file in pack.files:
+    for file in catalog.packs[spec.location].files:
         stamp = _stamped_sha256(files[file.name])
         if stamp is None or (file.sha256 is not None and stamp != file.sha256.lower()):
             return False
-    if pack.format == "gguf":
-        converted = is_converted(next(iter(files.values())), out_dir, dtype)
-    else:
-        try:
-            converted = json.loads((out_dir / CONVERSION_MARKER).read_text()) == _ct2_marker(spec, catalog, dtype)
-        except (OSError, ValueError):
-            converted = False
-    if not converted:
+    if not _converted(spec, catalog, dtype, files, out_dir):
         return False
     return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir)
 
@@ -226,22 +228,20 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
     for i, file in enumerate(pack.files):
         progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
         files[file.name] = assemble(file, paths[file.name].parent)
+    if _converted(spec, catalog, dtype, files, out_dir):
+        return out_dir, False
     if pack.format == "gguf":
-        from .gguf import gguf_to_hf, is_converted
+        from .gguf import gguf_to_hf
         (gguf_path,) = files.values()
-        if is_converted(gguf_path, out_dir, dtype):
-            return out_dir, False
         return gguf_to_hf(gguf_path, out_dir, dtype=dtype, progress=lambda f, m: progress(
             0.3 + 0.5 * f, f"{spec.name}: converting ({m})")), True
     from .ct2 import ct2_to_hf
-    marker = out_dir / CONVERSION_MARKER
-    expected = _ct2_marker(spec, catalog, dtype)
     with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
-        if marker.is_file() and json.loads(marker.read_text()) == expected:
+        if _converted(spec, catalog, dtype, files, out_dir):  # another process finished it while we waited
             return out_dir, False
         progress(0.4, f"{spec.name}: converting CTranslate2 weights")
         ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
-        marker.write_text(json.dumps(expected))
+        (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
     return out_dir, True
 
 

@@ -106,8 +106,15 @@ def modal_rows(result: GenerationResult) -> tuple[int | None, list[float]]:
     return rows, by_rows[rows]
 
 
+def rows_to_probe(assisted: GenerationResult) -> int | None:
+    """The verification shape worth a probe of its own after the assisted run: its most common one, when it has
+    enough passes to be judged and is not the plain pass (which every probe times anyway)."""
+    rows, passes = modal_rows(assisted)
+    return rows if rows is not None and rows > 1 and len(passes) >= MIN_PASSES else None
+
+
 def judge(probe_s: dict[str, float], baseline: GenerationResult, assisted: GenerationResult,
-          probe_rows_s: float | None = None, assisted_rows: int | None = None) -> Stability:
+          probe_rows_s: float | None = None) -> Stability:
     """Compare each run's own passes with the probes of the same shape around it, and the probes with each other.
 
     A run is judged by the lower quartile of its passes against the band between the probes before and after it
@@ -137,7 +144,7 @@ def judge(probe_s: dict[str, float], baseline: GenerationResult, assisted: Gener
         band = None
         if rows == 1:
             band, shape = (min(between, after), max(between, after)), "plain pass"
-        elif probe_rows_s is not None and assisted_rows == rows:
+        elif probe_rows_s is not None:  # timed for `rows_to_probe(assisted)`, this very shape
             # the probe of this shape ran once, after the run: scaled by how the plain probe moved across the run
             band = (probe_rows_s * min(between, after) / after, probe_rows_s * max(between, after) / after)
             shape = f"pass over {rows} rows"

@@ -122,7 +122,7 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
 
 
 def load(out_dir: Path, model_class) -> nn.Module:
-    """The stored int8 model, its float layers built untouched and filled from the cache's memory map."""
+    """The stored int8 model, its float layers built untouched and filled from the cache."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.initialization import no_init_weights
 
@@ -137,7 +137,10 @@ def load(out_dir: Path, model_class) -> nn.Module:
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file in its stored dtype, read into process memory."""
+    """Every tensor of a safetensors file in its stored dtype, in process memory. safetensors hands out views of a
+    memory map, which the page cache can evict mid-generation: each is copied, but for the int8 weights, which the
+    packing copies anyway."""
     from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
+        return {name: f.get_tensor(name) if name.endswith(".qweight") else f.get_tensor(name).clone()
+                for name in f.keys()}
