@@ -37,3 +37,18 @@ def test_the_stored_files_are_tensors_only(tmp_path):
         a = loaded(input_features=inputs["input_features"], decoder_input_ids=inputs["decoder_input_ids"]).logits
         b = q(input_features=inputs["input_features"], decoder_input_ids=inputs["decoder_input_ids"]).logits
     assert torch.equal(a, b)
+
+
+def test_a_layer_packed_in_row_blocks_gives_the_same_logits_and_stores_whole(tmp_path, monkeypatch):
+    model = tm.qwen2(2, vocab=96, hidden=32, layers=1, init=0.2)
+    q = quantized.quantize(model)
+    whole = quantized.store(q, tmp_path / "whole", {"v": 1})
+    monkeypatch.setattr(quantized, "PACK_ROWS", 40)   # the 96-row lm_head in blocks of 40, 40 and 16 rows
+    chunked = quantized.load(whole, type(model))
+    assert isinstance(chunked.lm_head, quantized.RowChunkedLinear)
+    assert [p.out_features for p in chunked.lm_head.parts] == [40, 40, 16]
+    ids = tm.decoder_inputs(5, length=9)["input_ids"]
+    assert torch.equal(_logits(chunked, ids), _logits(q, ids))
+    again = quantized.store(chunked, tmp_path / "again", {"v": 1})   # stored whole, as it was quantized
+    a, b = (quantized._read(f / "model.safetensors") for f in (whole, again))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
