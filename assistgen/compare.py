@@ -58,10 +58,10 @@ def time_breakdown(result: GenerationResult) -> dict:
     """
     first, later = result.steps[:1], result.steps[1:]
     prompt = sum(s.draft_s + s.verify_s for s in first)
-    drafted = result.assistant_passes or any(s.drafted or s.withheld for s in result.steps)
+    drafted = result.assistant_passes or any(s.candidates or s.withheld for s in result.steps)
     drafting = sum(s.draft_s for s in later) if drafted else 0.0   # without drafts, it is the loop's bookkeeping
     verifying = sum(s.verify_s for s in later)
-    rows = sum(len(s.drafted) + 1 for s in later)
+    rows = sum(len(s.candidates) + 1 for s in later)
     return {"setup_s": round(result.setup_s, 4), "prompt_s": round(prompt, 4), "drafting_s": round(drafting, 4),
             "verifying_s": round(verifying, 4), "passes_after_prompt": len(later), "rows_verified": rows,
             "s_per_pass": round(verifying / len(later), 5) if later else None,
@@ -100,7 +100,7 @@ class Comparison:
     @property
     def cost_ratio(self) -> float | None:
         """c: mean seconds per assistant pass over mean seconds per baseline target pass."""
-        drafting = [s for s in self.assisted.steps if s.drafted or s.withheld]
+        drafting = [s for s in self.assisted.steps if s.candidates or s.withheld]
         if not drafting or not self.assisted.assistant_passes:
             return None
         per_assistant_pass = sum(s.draft_s for s in drafting) / self.assisted.assistant_passes

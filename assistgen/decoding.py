@@ -12,21 +12,20 @@ from typing import Callable
 
 import torch
 
-from .drafting import (AssistantCandidates, CandidateGenerator, DifferentTokenizerCandidates, Draft,
-                       PromptLookupCandidates, translate_prefix)
-from .kv import CachedDecoder
+from .drafting import CandidateGenerator, Draft, draft_source
+from .kv import CachedDecoder, eos_token_ids
 from .sampling import Sampler, accept_greedy, accept_sampled
-from .schedules import make_schedule
+from .schedules import WindowSchedule, make_schedule
 
 
 @dataclass(frozen=True)
 class Step:
     """One target forward pass."""
-    drafted: list[int]   # candidates the target verified (empty for a plain decoding step)
-    accepted: int        # how many of them were kept: emitted[:accepted] == drafted[:accepted]
+    candidates: list[int] # drafts the target verified (empty for a plain decoding step; see withheld)
+    accepted: int        # how many of them were kept: emitted[:accepted] == candidates[:accepted]
     emitted: list[int]   # tokens appended: the accepted candidates, then the target's own token (unless an accepted
                          # candidate was EOS, where the step ends)
-    window: int          # the schedule's window for this step (drafted may be shorter: EOS, token budget, no match)
+    window: int          # the schedule's window for this step (candidates may be fewer: EOS, token budget, no match)
     draft_s: float       # seconds spent drafting
     verify_s: float      # seconds in the target pass and acceptance
     withheld: int = 0    # further candidates drafted but not verified: the schedule judged them unlikely to pay
@@ -49,23 +48,12 @@ class GenerationResult:
     @property
     def acceptance_rate(self) -> float | None:
         """Accepted candidates over drafted candidates; None when nothing was drafted."""
-        drafted = sum(len(s.drafted) for s in self.steps)
+        drafted = sum(len(s.candidates) for s in self.steps)
         return sum(s.accepted for s in self.steps) / drafted if drafted else None
 
     @property
     def tokens_per_second(self) -> float:
         return len(self.new_tokens) / self.latency_s if self.latency_s > 0 else 0.0
-
-
-def _eos_ids(model, eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        gen = getattr(model, "generation_config", None)
-        eos_token_id = getattr(gen, "eos_token_id", None)
-        if eos_token_id is None:
-            eos_token_id = model.config.eos_token_id
-    if eos_token_id is None:
-        return set()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
 def decoder_prefix(model, inputs: dict) -> list[int]:
@@ -105,110 +93,83 @@ def _max_positions(model) -> int | None:
     return None
 
 
-def _different_tokenizer_candidates(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer):
-    """The assistant reads the same input in its own vocabulary; its own encoder runs once on the same features."""
-    drop: set[str] = set()
-    if model.config.is_encoder_decoder:
-        if not assistant_model.config.is_encoder_decoder:
-            raise ValueError("a different-tokenizer assistant for an encoder-decoder target must have its own encoder")
-        if "input_features" in inputs and assistant_model.config.num_mel_bins != inputs["input_features"].shape[1]:
-            raise ValueError("the assistant expects other audio features than the target "
-                             f"({assistant_model.config.num_mel_bins} vs {inputs['input_features'].shape[1]} mel bins)")
-        if not getattr(assistant_model.generation_config, "is_multilingual", True):
-            # An English-only Whisper has no language or task token in its forced prefix.
-            lang = getattr(model.generation_config, "lang_to_id", None) or {}
-            drop = set(lang) | {"<|transcribe|>", "<|translate|>"}
-        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer, drop=drop)
-        assistant_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
-        assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])
-    else:
-        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer)
-        assistant_inputs = {"input_ids": torch.tensor([assistant_prefix])}
-    return DifferentTokenizerCandidates(
-        CachedDecoder(assistant_model, assistant_inputs, prefix_length=len(assistant_prefix)), assistant_prefix,
-        len(prefix), tokenizer, assistant_tokenizer, eos, _eos_ids(assistant_model, None))
-
-
 def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tokens: int = 0,
              max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              seed: int | None = None, num_assistant_tokens: int = 5,
-             num_assistant_tokens_schedule: str = "heuristic", eos_token_id: int | list[int] | None = None,
-             on_step: Callable[[Step], None] | None = None, max_time_s: float | None = None,
-             candidate_generator: CandidateGenerator | None = None, tokenizer=None,
-             assistant_tokenizer=None) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens for one sequence (batch size 1).
+             num_assistant_tokens_schedule: str | WindowSchedule = "heuristic",
+             eos_token_id: int | list[int] | None = None, on_step: Callable[[Step], None] | None = None,
+             max_time_s: float | None = None, candidate_generator: CandidateGenerator | None = None,
+             tokenizer=None, assistant_tokenizer=None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens for one sequence (batch size 1), with transformers' keyword names.
 
     Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
-    `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0), from an explicit
-    `candidate_generator`, or from nowhere (baseline). `on_step` is called after every target pass.
-    Generation stops after an EOS token, at exactly `max_new_tokens`, or when `max_time_s` has passed.
+    `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0, which is then also
+    the window), from an explicit `candidate_generator`, or from nowhere (the baseline). The schedule is a name
+    from `schedules.SCHEDULES` or a schedule object. This builds the parts; `speculative_decode` runs them.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if (assistant_model is not None) + (prompt_lookup_num_tokens > 0) + (candidate_generator is not None) > 1:
+    if candidate_generator is not None and (assistant_model is not None or prompt_lookup_num_tokens > 0):
         raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
-    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
-        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     started = time.perf_counter()
     prefix = decoder_prefix(model, inputs)
-    eos = _eos_ids(model, eos_token_id)
+    eos = eos_token_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
-    if assistant_model is not None and tokenizer is not None:
-        candidate_generator = _different_tokenizer_candidates(model, assistant_model, inputs, prefix, eos, tokenizer,
-                                                              assistant_tokenizer)
-    elif assistant_model is not None:
-        candidate_generator = AssistantCandidates(
-            CachedDecoder(assistant_model, inputs, prefix_length=len(prefix), encoder_outputs=target.encoder_outputs),
-            eos)
-    elif prompt_lookup_num_tokens > 0:
-        candidate_generator = PromptLookupCandidates()
-        num_assistant_tokens = prompt_lookup_num_tokens
-    schedule = make_schedule(num_assistant_tokens_schedule, num_assistant_tokens)
+    source = candidate_generator or draft_source(
+        model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
+    schedule = (make_schedule(num_assistant_tokens_schedule, prompt_lookup_num_tokens or num_assistant_tokens)
+                if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)
     sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
     limit = _max_positions(model)
     budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
+    return speculative_decode(target, prefix, eos, source, schedule, sampler, budget, on_step=on_step,
+                              max_time_s=max_time_s, started=started,
+                              stop_reason="max_new_tokens" if budget == max_new_tokens else "max_length")
 
+
+def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], source: CandidateGenerator | None,
+                       schedule: WindowSchedule, sampler: Sampler | None, budget: int, *,
+                       on_step: Callable[[Step], None] | None = None, max_time_s: float | None = None,
+                       started: float | None = None, stop_reason: str = "max_new_tokens") -> GenerationResult:
+    """The loop: draft, verify in one target pass, keep the agreeing prefix and the target's own token, repeat until
+    EOS, `budget` new tokens, or `max_time_s`. With no draft source every step is one plain decoding step."""
+    started = time.perf_counter() if started is None else started
     setup_s = time.perf_counter() - started
-    tokens = list(prefix)
-    new_tokens: list[int] = []
-    steps: list[Step] = []
-    stop_reason = "max_new_tokens" if budget == max_new_tokens else "max_length"
+    tokens, new_tokens, steps = list(prefix), [], []
     while len(new_tokens) < budget:
-        # 1. Draft: never more candidates than the budget has room for beyond the target's own token.
+        # 1. Draft: never more candidates than the budget has room for beyond the target's own token. The schedule
+        #    may stop drafting early, judged by the draft model's confidence so far, and with greedy drafts withhold
+        #    the last few from verification. Sampled drafts are all verified: withholding one because of its own
+        #    probability would bias the output (a draft's fate may depend only on the drafts before it).
         t0 = time.perf_counter()
-        #    The schedule may stop drafting early, judged by the draft model's confidence in each token so far (the
-        #    adaptive schedule does; the others draft the whole window). With greedy drafts it may also withhold the
-        #    last few from verification. Sampled drafts are all verified: withholding one because of its own
-        #    probability would bias the output (in speculative sampling a draft's fate may depend only on the drafts
-        #    before it).
-        window = schedule.window if candidate_generator is not None else 0
+        window = schedule.window if source is not None else 0
         k = min(window, budget - len(new_tokens) - 1)
-        draft = candidate_generator.get_candidates(tokens, k, sampler, schedule.keep_drafting) if k > 0 else Draft([])
+        draft = source.get_candidates(tokens, k, sampler, schedule.keep_drafting) if k > 0 else Draft([])
         verify = len(draft.tokens)
         if sampler is None and draft.confidences is not None:
             verify = schedule.verify_count(draft.confidences)
         candidates = draft.tokens[:min(k, verify)]
-        candidate_probs = None if draft.probs is None else draft.probs[:len(candidates)]
         t1 = time.perf_counter()
         # 2. Verify: one target pass scores every candidate position and the one after them.
         logits = target.logits(tokens + candidates, keep=len(candidates) + 1)
         if sampler is None:
             accepted, next_token = accept_greedy(candidates, logits)
         else:
-            accepted, next_token = accept_sampled(candidates, candidate_probs, sampler.probs(logits), sampler)
+            proposal = None if draft.probs is None else draft.probs[:len(candidates)]  # None: deterministic drafts
+            accepted, next_token = accept_sampled(candidates, proposal, sampler.probs(logits), sampler)
         emitted = candidates[:accepted] + [next_token]
         # 3. Stop at the first EOS, even one inside the accepted candidates.
         for i, token in enumerate(emitted):
             if token in eos:
                 emitted, accepted, stop_reason = emitted[:i + 1], min(accepted, i + 1), "eos"
                 break
-        t2 = time.perf_counter()
         tokens += emitted
         new_tokens += emitted
-        withheld = len(draft.tokens) - len(candidates)
-        step = Step(candidates, accepted, emitted, window, t1 - t0, t2 - t1, withheld)
+        step = Step(candidates, accepted, emitted, window, t1 - t0, time.perf_counter() - t1,
+                    len(draft.tokens) - len(candidates))
         steps.append(step)
         schedule.update(len(candidates), accepted, step.draft_s, step.verify_s, draft.confidences)
         if on_step is not None:
@@ -218,7 +179,5 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
         if max_time_s is not None and time.perf_counter() - started > max_time_s and len(new_tokens) < budget:
             stop_reason = "max_time"
             break
-    return GenerationResult(
-        new_tokens=new_tokens, steps=steps, target_passes=target.passes,
-        assistant_passes=candidate_generator.passes if candidate_generator is not None else 0,
-        latency_s=time.perf_counter() - started, stop_reason=stop_reason, setup_s=setup_s)
+    return GenerationResult(new_tokens, steps, target.passes, source.passes if source is not None else 0,
+                            time.perf_counter() - started, stop_reason, setup_s)

@@ -5,7 +5,7 @@ from typing import Callable, NamedTuple, Protocol
 
 import torch
 
-from .kv import CachedDecoder
+from .kv import CachedDecoder, eos_token_ids
 from .sampling import Sampler
 
 
@@ -150,3 +150,46 @@ def translate_prefix(prefix: list[int], target_tokenizer, assistant_tokenizer, *
             text.append(token)
     flush()
     return out
+
+
+def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
+                 assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
+                 assistant_tokenizer=None) -> CandidateGenerator | None:
+    """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
+    own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
+    or none (the baseline). `encoder_outputs` are the target's, for a decoder-only assistant of an encoder-decoder
+    target (distil-Whisper's decoder reads Whisper's encoder output)."""
+    if assistant_model is not None and prompt_lookup_num_tokens > 0:
+        raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
+    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
+    if assistant_model is None:
+        return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
+    if tokenizer is None:
+        return AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
+                                                 encoder_outputs=encoder_outputs), eos)
+    return _different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer)
+
+
+def _different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer):
+    """The assistant reads the same input in its own vocabulary; its own encoder runs once on the same features."""
+    drop: set[str] = set()
+    if model.config.is_encoder_decoder:
+        if not assistant_model.config.is_encoder_decoder:
+            raise ValueError("a different-tokenizer assistant for an encoder-decoder target must have its own encoder")
+        if "input_features" in inputs and assistant_model.config.num_mel_bins != inputs["input_features"].shape[1]:
+            raise ValueError("the assistant expects other audio features than the target "
+                             f"({assistant_model.config.num_mel_bins} vs {inputs['input_features'].shape[1]} mel bins)")
+        if not getattr(assistant_model.generation_config, "is_multilingual", True):
+            # An English-only Whisper has no language or task token in its forced prefix.
+            lang = getattr(model.generation_config, "lang_to_id", None) or {}
+            drop = set(lang) | {"<|transcribe|>", "<|translate|>"}
+        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer, drop=drop)
+        assistant_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
+        assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])
+    else:
+        assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer)
+        assistant_inputs = {"input_ids": torch.tensor([assistant_prefix])}
+    return DifferentTokenizerCandidates(
+        CachedDecoder(assistant_model, assistant_inputs, prefix_length=len(assistant_prefix)), assistant_prefix,
+        len(prefix), tokenizer, assistant_tokenizer, eos, eos_token_ids(assistant_model))

@@ -92,3 +92,16 @@ class CachedDecoder:
         if self._begin_suppress and 0 <= row < logits.shape[0]:
             logits[row, self._begin_suppress] = -float("inf")
         return logits
+
+
+def eos_token_ids(model, eos_token_id=None) -> set[int]:
+    """The ids that end generation: `eos_token_id` when given, else the model's generation config's, else its
+    config's."""
+    if eos_token_id is None:
+        gen = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = model.config.eos_token_id
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}

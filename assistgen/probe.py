@@ -99,7 +99,7 @@ def modal_rows(result: GenerationResult) -> tuple[int | None, list[float]]:
     seconds."""
     by_rows: dict[int, list[float]] = {}
     for step in result.steps[1:]:
-        by_rows.setdefault(len(step.drafted) + 1, []).append(step.verify_s)
+        by_rows.setdefault(len(step.candidates) + 1, []).append(step.verify_s)
     if not by_rows:
         return None, []
     rows = max(by_rows, key=lambda n: (len(by_rows[n]), -n))

@@ -42,11 +42,11 @@ def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
     out, i = [], 0
     for n, step in enumerate(steps, 1):
         withheld = f" (+{step['withheld']} withheld)" if step.get("withheld") else ""
-        title = f"pass {n}: drafted {len(step['drafted'])}{withheld}, accepted {step['accepted']}"
+        title = f"pass {n}: verified {len(step['candidates'])}{withheld}, accepted {step['accepted']}"
         for _ in range(step["accepted"]):
             out.append(_span("ag-acc", pieces[i], title))
             i += 1
-        rejected = step["drafted"][step["accepted"]:]
+        rejected = step["candidates"][step["accepted"]:]
         if rejected and len(step["emitted"]) > step["accepted"]:
             out.append(_span("ag-rej", "".join(draft_piece(t) for t in rejected), title + " (rejected)"))
         if len(step["emitted"]) > step["accepted"]:
@@ -138,9 +138,9 @@ def steps_figure(steps: list[dict]):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 2.6), dpi=100)
     x = list(range(1, len(steps) + 1))
-    ax.bar(x, [len(s["drafted"]) for s in steps], color="#fecaca", label="drafted")
+    ax.bar(x, [len(s["candidates"]) for s in steps], color="#fecaca", label="verified")
     if any(s.get("withheld") for s in steps):
-        ax.bar(x, [s.get("withheld", 0) for s in steps], bottom=[len(s["drafted"]) for s in steps], color="#d4d4d8",
+        ax.bar(x, [s.get("withheld", 0) for s in steps], bottom=[len(s["candidates"]) for s in steps], color="#d4d4d8",
                label="withheld")
     ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="accepted")
     ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")

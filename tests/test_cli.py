@@ -41,7 +41,7 @@ def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):
     result = json.loads(out.stdout)
     steps = result["assisted"]["steps"]
     # each assistant pass drafted one token, which the target then verified or the schedule withheld
-    assert result["assisted"]["assistant_passes"] == sum(len(s["drafted"]) + s["withheld"] for s in steps)
+    assert result["assisted"]["assistant_passes"] == sum(len(s["candidates"]) + s["withheld"] for s in steps)
     assert result["identical"] is True and result["settings"]["schedule"] == "adaptive"
 
 

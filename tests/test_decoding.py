@@ -67,7 +67,7 @@ def test_baseline_is_one_step_per_token():
     target, _, inputs = make_pair("qwen2", "self")
     result = generate(target, inputs, max_new_tokens=10)
     assert result.target_passes == len(result.steps) == 10
-    assert all(step.drafted == [] and len(step.emitted) == 1 for step in result.steps)
+    assert all(step.candidates == [] and len(step.emitted) == 1 for step in result.steps)
     assert result.assistant_passes == 0 and result.acceptance_rate is None and result.tokens_per_pass == 1.0
 
 
@@ -102,7 +102,7 @@ def test_eos_ends_generation_inside_an_assistant_draft(family):
     assert assisted.stop_reason == "eos"
     last = assisted.steps[-1]
     # The assistant stops drafting at EOS, well inside its window of 12; the target accepted it.
-    assert last.drafted[-1] == free_run[position] and len(last.drafted) < 12
+    assert last.candidates[-1] == free_run[position] and len(last.candidates) < 12
     assert last.accepted == len(last.emitted)
 
 
@@ -117,7 +117,7 @@ def test_eos_in_the_middle_of_accepted_candidates_drops_the_rest(family):
     assert result.new_tokens == free_run[:position + 1]
     assert result.stop_reason == "eos"
     last = result.steps[-1]
-    assert len(last.drafted) > len(last.emitted)  # candidates beyond the EOS were proposed and dropped
+    assert len(last.candidates) > len(last.emitted)  # candidates beyond the EOS were proposed and dropped
     assert last.accepted == len(last.emitted)
 
 
@@ -132,7 +132,7 @@ def test_max_new_tokens_landing_inside_a_draft_is_exact(max_new_tokens):
     # The window is cut so that drafts never run past the budget.
     produced = 0
     for step in assisted.steps:
-        assert len(step.drafted) <= max_new_tokens - produced - 1
+        assert len(step.candidates) <= max_new_tokens - produced - 1
         produced += len(step.emitted)
 
 
@@ -142,7 +142,7 @@ def test_heuristic_window_follows_plus_two_minus_one():
     assert result.steps[0].window == 5
     seen_both = set()
     for step, following in zip(result.steps, result.steps[1:]):
-        all_accepted = step.accepted == len(step.drafted)
+        all_accepted = step.accepted == len(step.candidates)
         seen_both.add(all_accepted)
         expected = step.window + 2 if all_accepted else max(1, step.window - 1)
         assert following.window == expected
@@ -165,11 +165,11 @@ def test_bookkeeping_adds_up(family):
     assert [t for step in result.steps for t in step.emitted] == result.new_tokens
     assert result.target_passes == len(result.steps)
     # One assistant pass per candidate drafted.
-    assert result.assistant_passes == sum(len(step.drafted) for step in result.steps)
+    assert result.assistant_passes == sum(len(step.candidates) for step in result.steps)
     for step in result.steps:
-        assert step.emitted[:step.accepted] == step.drafted[:step.accepted]
+        assert step.emitted[:step.accepted] == step.candidates[:step.accepted]
         assert len(step.emitted) == step.accepted + 1
-    drafted = sum(len(s.drafted) for s in result.steps)
+    drafted = sum(len(s.candidates) for s in result.steps)
     assert result.acceptance_rate == pytest.approx(sum(s.accepted for s in result.steps) / drafted)
     assert result.tokens_per_pass == pytest.approx(40 / result.target_passes)
 
@@ -209,10 +209,10 @@ def test_prompt_lookup_drafts_come_from_the_context_and_keep_greedy_output():
     context = ids[0].tolist()
     drafted_any = False
     for step in lookup.steps:
-        if step.drafted:
+        if step.candidates:
             drafted_any = True
-            n = len(step.drafted)
-            assert any(context[i:i + n] == step.drafted for i in range(len(context) - n + 1))
+            n = len(step.candidates)
+            assert any(context[i:i + n] == step.candidates for i in range(len(context) - n + 1))
         context += step.emitted
     assert drafted_any
 

@@ -122,5 +122,5 @@ def test_the_time_breakdown_adds_up_to_each_latency(pair):
         assert t["passes_after_prompt"] == run_["target_passes"] - 1
         assert t["verifying_s"] >= t["passes_after_prompt"] * PASS_S  # every later target pass was paced
     steps = data["assisted"]["steps"][1:]
-    assert data["assisted"]["time"]["rows_verified"] == sum(len(s["drafted"]) + 1 for s in steps)
+    assert data["assisted"]["time"]["rows_verified"] == sum(len(s["candidates"]) + 1 for s in steps)
     assert data["baseline"]["time"]["drafting_s"] == 0

@@ -1,8 +1,8 @@
 """The assisted output's colouring and the per-pass chart, from the steps of a comparison."""
 from assistgen.render import assisted_html, steps_figure
 
-STEPS = [{"drafted": [7, 8], "accepted": 1, "emitted": [7, 9], "window": 5, "withheld": 2},
-         {"drafted": [], "accepted": 0, "emitted": [4], "window": 5, "withheld": 1}]
+STEPS = [{"candidates": [7, 8], "accepted": 1, "emitted": [7, 9], "window": 5, "withheld": 2},
+         {"candidates": [], "accepted": 0, "emitted": [4], "window": 5, "withheld": 1}]
 PIECES = ["seven", "nine", "four"]
 
 
@@ -10,12 +10,12 @@ def test_each_token_is_coloured_by_its_fate_and_titled_with_its_pass():
     html = assisted_html(STEPS, PIECES, lambda t: f"<{t}>")
     assert "class='ag-acc'" in html and "seven" in html  # accepted draft
     assert "class='ag-rej'" in html and "&lt;8&gt;" in html  # the rejected draft, escaped
-    assert "pass 1: drafted 2 (+2 withheld), accepted 1" in html
-    assert "pass 2: drafted 0 (+1 withheld), accepted 0" in html
+    assert "pass 1: verified 2 (+2 withheld), accepted 1" in html
+    assert "pass 2: verified 0 (+1 withheld), accepted 0" in html
 
 
 def test_the_chart_shows_withheld_drafts_only_when_there_are_some():
     labels = [t.get_text() for t in steps_figure(STEPS).axes[0].get_legend().get_texts()]
-    assert labels == ["window", "drafted", "withheld", "accepted"]
+    assert labels == ["window", "verified", "withheld", "accepted"]
     plain = [{**s, "withheld": 0} for s in STEPS]
     assert "withheld" not in [t.get_text() for t in steps_figure(plain).axes[0].get_legend().get_texts()]

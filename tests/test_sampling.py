@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen import drafting, schedules
+from assistgen import drafting
 from assistgen.sampling import Sampler, accept_sampled
 
 VOCAB = 8
@@ -67,13 +67,13 @@ def _target_joint(model, prompt, temperature, top_p, length=2):
     return joint
 
 
-def _sample_first_tokens(target, assistant, prompt, n, temperature, top_p, length=2):
+def _sample_first_tokens(target, assistant, prompt, n, temperature, top_p, length=2, schedule=lambda: "constant"):
     inputs = {"input_ids": torch.tensor([prompt])}
     counts = Counter()
     for seed in range(n):
         result = generate(target, inputs, assistant_model=assistant, do_sample=True, temperature=temperature,
                           top_p=top_p, seed=seed, max_new_tokens=3, num_assistant_tokens=2,
-                          num_assistant_tokens_schedule="constant")
+                          num_assistant_tokens_schedule=schedule())
         counts[tuple(result.new_tokens[:length])] += 1
     return counts
 
@@ -110,14 +110,13 @@ class ConfidenceSchedule:
         pass
 
 
-def test_confidence_decisions_keep_speculative_sampling_exact(sampling_pair, monkeypatch):
+def test_confidence_decisions_keep_speculative_sampling_exact(sampling_pair):
     """Stopping by the confidences so far is safe; withholding a sampled draft because of its own probability is
     not, and the loop does not do it (tests/test_schedules.py checks that it does not)."""
-    monkeypatch.setitem(schedules.SCHEDULES, "constant", ConfidenceSchedule)
     target, assistant, prompt = sampling_pair
     with torch.inference_mode():
         expected = _target_joint(target, prompt, 1.0, 1.0)
-    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0)
+    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0, schedule=lambda: ConfidenceSchedule(2))
     assert chi2_pvalue(counts, expected) > 1e-3
 
 

@@ -7,7 +7,6 @@ import torch
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen import schedules
 from assistgen.schedules import AdaptiveSchedule, HeuristicSchedule
 
 
@@ -224,7 +223,7 @@ def test_adaptive_schedule_keeps_greedy_output(family):
         assert assisted.new_tokens == baseline.new_tokens
         assert [t for s in assisted.steps for t in s.emitted] == assisted.new_tokens
         # every assistant pass drafted a token that was either verified or withheld
-        assert assisted.assistant_passes == sum(len(s.drafted) + s.withheld for s in assisted.steps)
+        assert assisted.assistant_passes == sum(len(s.candidates) + s.withheld for s in assisted.steps)
 
 
 class Withholding:
@@ -243,23 +242,21 @@ class Withholding:
         pass
 
 
-def test_the_loop_withholds_greedy_drafts_as_the_schedule_asks(monkeypatch):
-    monkeypatch.setitem(schedules.SCHEDULES, "adaptive", Withholding)
+def test_the_loop_withholds_greedy_drafts_as_the_schedule_asks():
     target, assistant, inputs = tm.qwen2(0), tm.perturbed(tm.qwen2(0), 0.5, 7), tm.decoder_inputs(0)
     result = generate(target, inputs, assistant_model=assistant, max_new_tokens=40,
-                      num_assistant_tokens_schedule="adaptive")
+                      num_assistant_tokens_schedule=Withholding(5))
     assert result.new_tokens == generate(target, inputs, max_new_tokens=40).new_tokens
     assert sum(s.withheld for s in result.steps) > 0
 
 
-def test_sampled_drafts_are_never_withheld(monkeypatch):
+def test_sampled_drafts_are_never_withheld():
     """Withholding a sampled draft because of its own probability would bias speculative sampling (a draft's
     fate may depend only on the drafts before it), so under sampling the loop verifies everything drafted."""
-    monkeypatch.setitem(schedules.SCHEDULES, "adaptive", Withholding)
     target, assistant = tm.qwen2(21, vocab=8, hidden=16, layers=1, init=0.5), tm.qwen2(22, vocab=8, hidden=16,
                                                                                           layers=1, init=0.5)
     inputs = {"input_ids": torch.tensor([[1, 2, 3]])}
     for seed in range(10):
         result = generate(target, inputs, assistant_model=assistant, do_sample=True, seed=seed, max_new_tokens=12,
-                          num_assistant_tokens_schedule="adaptive")
+                          num_assistant_tokens_schedule=Withholding(5))
         assert all(s.withheld == 0 for s in result.steps)
