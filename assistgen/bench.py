@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .compare import Comparison, Settings, _generate, warm_up
+from .compare import Settings, cost_ratio, run_generation, warm_up
 from .decoding import GenerationResult
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
@@ -49,19 +49,19 @@ class Item:
 @dataclass(frozen=True)
 class Config:
     engine: str          # "assistgen" or "transformers"
-    draft_source: str    # "none" (the baseline), "assistant" or "prompt_lookup"
-    schedule: str
+    draft_source: str | None   # None for the baseline, "assistant" or "prompt_lookup"
+    schedule: str | None       # None for the baseline
 
     @property
     def label(self) -> str:
-        if self.draft_source == "none":
+        if self.draft_source is None:
             return "baseline"
         if self.engine == "transformers":
             return f"transformers {self.schedule}"
         return self.schedule if self.draft_source == "assistant" else f"prompt lookup {self.schedule}"
 
 
-BASELINE = Config("assistgen", "none", "-")
+BASELINE = Config("assistgen", None, None)
 
 
 # --- items --------------------------------------------------------------------------------------------------------
@@ -139,8 +139,7 @@ def run_once(pair, inputs: dict, settings: Settings, config: Config) -> dict:
     if config.engine == "transformers":
         tokens, latency = _peer(pair, inputs, settings)
         return {"tokens": tokens, "latency_s": latency, "result": None}
-    result = _generate(pair, inputs, settings, config.draft_source != "none", None,
-                       config.draft_source if config.draft_source != "none" else "assistant")
+    result = run_generation(pair, inputs, settings, draft_source=config.draft_source)
     return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result}
 
 
@@ -149,7 +148,7 @@ def _without_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def _row(item: Item, repeat: int, temperature: float, config: Config, run: dict, baseline: dict,
-         comparison: Comparison | None, eos: set[int]) -> dict:
+         eos: set[int]) -> dict:
     result: GenerationResult | None = run["result"]
     # transformers' Whisper leaves the final end-of-text token out of what it returns: compare without it
     identical = _without_eos(run["tokens"], eos) == _without_eos(baseline["tokens"], eos)
@@ -164,8 +163,8 @@ def _row(item: Item, repeat: int, temperature: float, config: Config, run: dict,
                    acceptance_rate=None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
                    emitted_per_pass=[len(s.emitted) for s in result.steps],
                    windows=[s.window for s in result.steps])
-    if comparison is not None:
-        c = comparison.cost_ratio
+    if result is not None and config is not BASELINE:
+        c = cost_ratio(baseline["result"], result)
         row.update(cost_ratio=None if c is None else round(c, 4))
     if config is BASELINE:
         steps = result.steps[1:]  # after the prefill: the steady per-token cost
@@ -237,9 +236,9 @@ def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sourc
         runs: dict[Config, dict] = {}
         for config in order:
             settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, seed=repeat,
-                                draft_source=config.draft_source if config.draft_source != "none" else "assistant",
+                                draft_source=config.draft_source or "assistant",
                                 num_assistant_tokens=num_assistant_tokens,
-                                schedule=config.schedule if config.schedule != "-" else "heuristic").validate()
+                                schedule=config.schedule or "heuristic").validate()
             try:
                 runs[config] = run_once(pair, inputs, settings, config)
             except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
@@ -256,11 +255,7 @@ def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sourc
                 rows.append({"suite": item.suite, "item": item.name, "repeat": repeat, "temperature": temperature,
                              "config": config.label, "engine": config.engine, "error": run["error"]})
                 continue
-            comparison = None
-            if run["result"] is not None and config is not BASELINE:
-                comparison = Comparison(pair, item.task, Settings(temperature=temperature), config.draft_source,
-                                        baseline["result"], run["result"], "", "")
-            rows.append(_row(item, repeat, temperature, config, run, baseline, comparison,
+            rows.append(_row(item, repeat, temperature, config, run, baseline,
                              set(pair.target.eos_token_ids)))
             if log is not None:  # one line per run as it lands: a long benchmark can be followed, and survives a stop
                 log.write(json.dumps(rows[-1]) + "\n")
@@ -442,10 +437,8 @@ def _names(choices):
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m assistgen bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--catalog", help="catalog file (default: $ASSISTGEN_CATALOG or models.yaml)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `python -m assistgen bench` (the catalog is the command line's global --catalog)."""
     p.add_argument("--pair", required=True)
     p.add_argument("--suite", action="append", default=[], choices=list(SUITES),
                    help="a built-in set under bench/ (repeatable): " + ", ".join(SUITES))
@@ -464,13 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action="store_true", help="also run transformers' generate(assistant_model=...)")
     p.add_argument("--no-floor", action="store_true", help="skip the memory-bandwidth measurement")
     p.add_argument("--out", default="bench-results", help="output folder (default bench-results/)")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`python -m assistgen bench`, with its parsed arguments."""
     from .catalog import CatalogError, load_catalog
-    from .cli import CliError, _progress_bar, load_pair
-    args = build_parser().parse_args(argv)
+    from .terminal import CliError, load_pair, progress_bar
     try:
         catalog = load_catalog(args.catalog)
         spec = catalog.pair(args.pair)
@@ -491,8 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import transformers
-    meta = {"pair": spec.name, "mode": pair.mode, "command": "python -m assistgen bench " + " ".join(
-                argv if argv is not None else sys.argv[1:]),
+    meta = {"pair": spec.name, "mode": pair.mode, "command": "python -m assistgen " + " ".join(args.argv),
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
@@ -501,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
             "items": {i.name: i.text or i.audio for i in items}}
     if not args.no_floor and pair.target.model.device.type == "cpu":
         meta["floor"] = floor(pair, memory_bandwidth_gb_s())
-    bar, report = _progress_bar()
+    bar, report = progress_bar()
     try:
         with open(out / "runs.jsonl", "w") as log:
             rows = run_bench(pair, items, temperatures=args.temperatures, draft_sources=args.draft_sources,

@@ -43,10 +43,6 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     decoder_only: bool = False      # load only the decoder (a distil-Whisper assistant sharing the target's encoder)
 
-    @property
-    def needs_network(self) -> bool:
-        return self.source == "hub"
-
 
 @dataclass(frozen=True)
 class PairSpec:

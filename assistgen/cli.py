@@ -7,37 +7,7 @@ import sys
 
 from .catalog import CatalogError, load_catalog
 from .tasks import LANGUAGES
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
-
-
-def _progress_bar():
-    from tqdm import tqdm
-    bar = tqdm(total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}%", leave=False)
-
-    def report(fraction: float, message: str) -> None:
-        bar.set_description(message[:60])
-        bar.n = round(100 * fraction)
-        bar.refresh()
-    return bar, report
-
-
-def load_pair(catalog, spec):
-    """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
-    from .loading import LoadError, pair_availability
-    from .pool import ModelPool
-    ok, why = pair_availability(spec, catalog)
-    if not ok:
-        raise CliError(f"pair {spec.name!r} is unavailable: {why}")
-    bar, report = _progress_bar()
-    try:
-        return ModelPool(catalog).pair(spec, report)
-    except LoadError as exc:
-        raise CliError(str(exc)) from None
-    finally:
-        bar.close()
+from .terminal import CliError, load_pair, progress_bar
 
 
 def cmd_models(args) -> int:
@@ -74,7 +44,7 @@ def cmd_prepare(args) -> int:
             catalog.pair(args.pair)
         except KeyError as exc:
             raise CliError(exc.args[0]) from None
-    bar, report = _progress_bar()
+    bar, report = progress_bar()
     try:
         done = prepare(catalog, args.pair, report)
     except (PackError, LoadError) as exc:
@@ -161,21 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(run=cmd_compare)
-    sub.add_parser("bench", help="benchmark a pair: tables, plots, transformers as the peer (see bench -h)")
-    sub.add_parser("engine-bench", help="our decoding loop against transformers' generate (see engine-bench -h)")
+    from . import bench, enginebench   # their options live with them
+    for name, module, about in (("bench", bench, "benchmark a pair: tables, plots, transformers as the peer"),
+                                ("engine-bench", enginebench, "our decoding loop against transformers' generate")):
+        tool = sub.add_parser(name, help=about, description=module.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(tool)
+        tool.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    catalog = argv[:2] if argv[:1] == ["--catalog"] else []  # the global option, passed on to bench
-    if argv[len(catalog):len(catalog) + 1] == ["bench"]:
-        from .bench import main as bench
-        return bench(catalog + argv[len(catalog) + 1:])
-    if argv[:1] == ["engine-bench"]:
-        from .enginebench import main as engine_bench
-        return engine_bench(argv[1:])
     args = build_parser().parse_args(argv)
+    args.argv = argv   # the command line as given, for the benchmark's record
     try:
         return args.run(args)
     except (CatalogError, CliError) as exc:

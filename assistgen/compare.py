@@ -99,13 +99,7 @@ class Comparison:
 
     @property
     def cost_ratio(self) -> float | None:
-        """c: mean seconds per assistant pass over mean seconds per baseline target pass."""
-        drafting = [s for s in self.assisted.steps if s.candidates or s.withheld]
-        if not drafting or not self.assisted.assistant_passes:
-            return None
-        per_assistant_pass = sum(s.draft_s for s in drafting) / self.assisted.assistant_passes
-        per_target_pass = statistics.median(s.verify_s for s in self.baseline.steps[1:] or self.baseline.steps)
-        return per_assistant_pass / per_target_pass if per_target_pass > 0 else None
+        return cost_ratio(self.baseline, self.assisted)
 
     def identical_note(self) -> str:
         if self.settings.do_sample:
@@ -153,15 +147,29 @@ class Comparison:
         return warnings
 
 
-def _generate(pair: LoadedPair, inputs: dict, settings: Settings, assisted: bool, on_step, draft_source: str):
+def cost_ratio(baseline: GenerationResult, assisted: GenerationResult) -> float | None:
+    """c: mean seconds per assistant pass over the median seconds per baseline target pass (after the prompt's)."""
+    drafting = [s for s in assisted.steps if s.candidates or s.withheld]
+    if not drafting or not assisted.assistant_passes:
+        return None
+    per_assistant_pass = sum(s.draft_s for s in drafting) / assisted.assistant_passes
+    per_target_pass = statistics.median(s.verify_s for s in baseline.steps[1:] or baseline.steps)
+    return per_assistant_pass / per_target_pass if per_target_pass > 0 else None
+
+
+def run_generation(pair: LoadedPair, inputs: dict, settings: Settings, *, draft_source: str | None = None,
+                   on_step: Callable[[Step], None] | None = None) -> GenerationResult:
+    """One run of one configuration: the baseline (`draft_source` None), or assisted generation with drafts from
+    "assistant" (the pair's own) or "prompt_lookup". compare and bench both run through here."""
     kwargs = {}
-    if assisted:
-        if draft_source == "assistant":
-            kwargs["assistant_model"] = pair.assistant.model
-            if pair.mode == "different-tokenizer":
-                kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
-        else:
-            kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
+    if draft_source == "assistant":
+        kwargs["assistant_model"] = pair.assistant.model
+        if pair.mode == "different-tokenizer":
+            kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
+    elif draft_source == "prompt_lookup":
+        kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
+    elif draft_source is not None:
+        raise ValueError(f"draft_source must be assistant, prompt_lookup or None, got {draft_source!r}")
     return generate(pair.target.model, inputs, max_new_tokens=settings.max_new_tokens,
                     do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
                     seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
@@ -186,7 +194,7 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
         return
     if not pair.target.model.config.is_encoder_decoder and "input_ids" in inputs:
         inputs = {"input_ids": inputs["input_ids"][:, :WARM_UP_TOKENS]}
-    _generate(pair, inputs, Settings(max_new_tokens=2), assisted, None, "assistant")
+    run_generation(pair, inputs, Settings(max_new_tokens=2), draft_source="assistant" if assisted else None)
     pair.target.warm = True
     if assisted:
         pair.assistant.warm = True
@@ -214,11 +222,11 @@ def compare(pair: LoadedPair, task: str, inputs: dict, settings: Settings, *,
     probe = pair.probe
     before = probe.pass_s()
     phase("baseline")
-    baseline = _generate(pair, inputs, settings, False, on_baseline_step, draft_source)
+    baseline = run_generation(pair, inputs, settings, on_step=on_baseline_step)
     phase("probe")
     between = probe.pass_s()
     phase("assisted")
-    assisted = _generate(pair, inputs, settings, True, on_assisted_step, draft_source)
+    assisted = run_generation(pair, inputs, settings, draft_source=draft_source, on_step=on_assisted_step)
     phase("probe")
     after = probe.pass_s()
     rows = rows_to_probe(assisted)   # None when no check could use it: no passes spent on it

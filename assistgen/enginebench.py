@@ -125,14 +125,16 @@ def bench(workload: Workload, runs: int, max_new_tokens: int) -> dict:
             "runs": runs, "prompts": len(workload.prompts)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m assistgen engine-bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `python -m assistgen engine-bench`."""
     parser.add_argument("--models", default="small,medium", help="comma-separated: small, medium, offline")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m assistgen engine-bench`, with its parsed arguments."""
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.runs} runs after a warm-up")
@@ -146,6 +148,3 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ours_assist_s']}, {r['hf_assist_s']} |", flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

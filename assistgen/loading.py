@@ -79,6 +79,11 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
 _failures: dict[str, str] = {}  # model name -> why its last load failed (missing or damaged weights)
 
 
+def note_failure(name: str, reason: str) -> None:
+    """Remember why a model failed to load, so that its pairs are shown as unavailable with that reason."""
+    _failures[name] = reason
+
+
 @functools.lru_cache(maxsize=1)
 def hub_reachable() -> tuple[bool, str]:
     """Whether the Hugging Face hub can be reached (asked once per process, with a short timeout)."""
@@ -276,13 +281,13 @@ def _dynamic_int8(spec: ModelSpec, folder: Path, model_class, float_model, progr
 
 
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
-               progress: Progress | None = None, convert_here: bool = False) -> LoadedModel:
+               progress: Progress | None = None) -> LoadedModel:
     """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason.
 
-    A pack that is not yet in the cache is prepared first in a child process (`prepare.prepare_in_child`), unless
-    `convert_here`: a conversion churns through gigabytes, and a process that did one ran its timed passes at half
-    speed afterwards (measured: 0.95 s against 0.44 s per pass of the 1.5B), while one that loads the finished
-    cache does not.
+    A pack not yet in the cache is converted here, in this process. The app and the CLI load through
+    `prepare.load_prepared` instead, which converts in a child process first: a conversion churns through
+    gigabytes, and a process that did one ran its timed passes at half speed afterwards (measured: 0.95 s against
+    0.44 s per pass of the 1.5B), while one that loads the finished cache does not.
     """
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq,
                               AutoProcessor, AutoTokenizer)
@@ -293,9 +298,6 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     dtype = torch_dtype(spec.dtype, device)
     started = time.perf_counter()
     try:
-        if spec.source == "pack" and not convert_here and not pack_ready(spec, catalog, device):
-            from .prepare import prepare_in_child  # prepare builds on this module: imported when first needed
-            prepare_in_child(spec, catalog, progress)
         if spec.source == "pack":
             folder = str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
         elif spec.source == "gguf":

@@ -7,7 +7,8 @@ from collections import OrderedDict
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec, PairSpec
-from .loading import LoadedModel, LoadedPair, Progress, check_pair, load_model
+from .loading import LoadedModel, LoadedPair, Progress, check_pair
+from .prepare import load_prepared
 
 DEFAULT_BUDGET_GB = 14.0
 
@@ -21,7 +22,7 @@ class ModelPool:
     """Never two copies of one model: models are keyed by catalog name and loaded under a per-name lock."""
 
     def __init__(self, catalog: Catalog, *, budget_bytes: int | None = None,
-                 loader: Callable[..., LoadedModel] = load_model):
+                 loader: Callable[..., LoadedModel] = load_prepared):
         self.catalog = catalog
         self.budget_bytes = budget_from_env() if budget_bytes is None else budget_bytes
         self._loader = loader

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec
-from .loading import LoadError, availability, convert_pack, default_device, int8_stored, load_model, pack_dtype
+from .loading import (LoadedModel, LoadError, availability, convert_pack, default_device, int8_stored, load_model,
+                      note_failure, pack_dtype, pack_ready)
 from .packs import PackError
 
 
@@ -54,7 +55,7 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
         quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder)
         if quantized:
-            load_model(spec, catalog, device=device, progress=sub, convert_here=True)  # quantizes once, stores
+            load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores
         what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized)) if did)
         done.append(Prepared(spec.name, time.perf_counter() - started, what or "already prepared"))
     report(1.0, "ready")
@@ -104,3 +105,17 @@ def prepare_in_child(spec: ModelSpec, catalog: Catalog, progress: Callable[[floa
         child.join(timeout=30)
         if child.is_alive():
             child.kill()
+
+
+def load_prepared(spec: ModelSpec, catalog: Catalog, *, device=None, progress: Callable[[float, str], None] | None = None
+                  ) -> LoadedModel:
+    """`load_model`, after preparing a pack that is not yet in the cache in a child process (`prepare_in_child`),
+    so that this process never converts: the loader of the app's and the CLI's model pool."""
+    if spec.source == "pack" and not pack_ready(spec, catalog, device or default_device()):
+        try:
+            prepare_in_child(spec, catalog, progress)
+        except (LoadError, PackError) as exc:
+            reason = str(exc) if isinstance(exc, LoadError) else f"{spec.name}: {exc}"
+            note_failure(spec.name, reason)
+            raise LoadError(reason) from None
+    return load_model(spec, catalog, device=device, progress=progress)

@@ -11,6 +11,7 @@ import torch
 from assistgen.cli import main
 from assistgen.catalog import load_catalog
 from assistgen.loading import load_model
+from assistgen.prepare import load_prepared
 from test_gguf import _write_tiny
 
 
@@ -103,7 +104,7 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     monkeypatch.setattr(assistgen.quantized, "store", here)
     cat = load_catalog(path)
     messages = []
-    loaded = load_model(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
+    loaded = load_prepared(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
     assert any("separate process" in m for m in messages)
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
     from assistgen.loading import pack_ready

@@ -1,0 +1,36 @@
+"""What the command-line tools share: a user error type, a progress bar on stderr, and loading a pair with one."""
+from __future__ import annotations
+
+import sys
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def progress_bar():
+    """A tqdm bar on stderr and the `report(fraction, message)` callback that drives it."""
+    from tqdm import tqdm
+    bar = tqdm(total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}%", leave=False)
+
+    def report(fraction: float, message: str) -> None:
+        bar.set_description(message[:60])
+        bar.n = round(100 * fraction)
+        bar.refresh()
+    return bar, report
+
+
+def load_pair(catalog, spec):
+    """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
+    from .loading import LoadError, pair_availability
+    from .pool import ModelPool
+    ok, why = pair_availability(spec, catalog)
+    if not ok:
+        raise CliError(f"pair {spec.name!r} is unavailable: {why}")
+    bar, report = progress_bar()
+    try:
+        return ModelPool(catalog).pair(spec, report)
+    except LoadError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        bar.close()
