@@ -1,7 +1,7 @@
 """How many candidates to draft next (``num_assistant_tokens_schedule``)."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 class WindowSchedule(Protocol):
@@ -50,164 +50,200 @@ class HeuristicSchedule(ConstantSchedule):
             self.window = heuristic_window(self.window, drafted, accepted)
 
 
-class AdaptiveSchedule:
-    """Cost-aware drafting: each draft token is weighed by the chance that the target accepts it against what it costs
-    on this machine, both measured during this generation.
+class Calibration:
+    """How often a draft of each confidence is accepted, given that the drafts before it were: per confidence bin,
+    learnt online from a prior of `prior_strength` drafts at the bin's own confidence."""
 
-    - **Chance.** The draft model's confidence in its token (its probability), mapped through a calibration learnt
-      online: per confidence bin, how often such a draft was accepted, given that the drafts before it were (a prior
-      of `prior_strength` drafts at the bin's own confidence). A draft's chance to survive is the product of the
-      chances of it and every draft before it.
-    - **Cost.** Seconds per assistant token, a plain target pass (one row), and a verification pass as a line in
-      the rows it reads (two or more: k drafts need k + 1), from decayed means of this generation's steps (the
-      first, which also reads the prompt, is left out). A draft is worth one plain pass if accepted.
-    - **Per token.** Keep drafting while the chance that the next draft survives (this one's chance times its own
-      calibrated confidence again) pays for one more assistant pass and one more verified row. Then verify the
-      prefix with the largest expected saving: the sum of survival chances times a plain pass, less the extra
-      verification seconds. Drafts past it are withheld (none at all when the first does not pay: a plain pass).
-      So every step drafts at least one token, to read its confidence: where drafts never pay, that one assistant
-      pass per step is what the schedule costs. Skipping it by a rule on recent steps was tried on the recorded
-      traces and won nothing: the confidence of the next draft is the best predictor found.
-    - **Until the costs are measured** (the first two steps) it drafts the heuristic's window, up to `max_window`
-      after that.
-
-    Without confidences (prompt lookup, an assistant with another tokenizer) the window follows the heuristic's
-    +2/-1 rule, at least `min_window`, and the decision is only whether to draft at all: after the first timed
-    drafting step one plain pass is measured, the realised tokens per second of drafting steps (decayed) is compared
-    with it, and while drafting loses the assistant idles, with a probe at intervals that double while it keeps
-    losing.
-
-    Why per token? Acceptance is far from i.i.d.: it comes in bursts (a code block is accepted run after run, prose
-    is not), and the draft model's confidence tracks them. This schedule's first version picked one k per step,
-    k = argmax E[tokens | alpha, k] / (k T_assistant + T_verify(k)), from an i.i.d. acceptance rate alpha; on
-    recorded acceptance traces of the offline Qwen pair it lost to the plain heuristic (README "Results"). Its second
-    kept the heuristic's window and only switched drafting on and off by realised tokens per second: better where
-    drafts are poor, worse on code, where it switched off during short runs of rejections.
-    """
-
-    def __init__(self, num_assistant_tokens: int, *, decay: float = 0.7, min_window: int = 2, max_window: int = 32,
-                 probe_every: int = 8, probe_keep: float = 0.3, bins: int = 10, prior_strength: float = 4.0):
-        self.window = self._k = min(num_assistant_tokens, max_window)
-        self.decay, self.min_window, self.max_window = decay, min_window, max_window
-        self.probe_every, self.probe_keep = probe_every, probe_keep
+    def __init__(self, bins: int = 10, prior_strength: float = 4.0):
         self._hits = [prior_strength * (b + 0.5) / bins for b in range(bins)]
         self._seen = [prior_strength] * bins
-        self.plain_s: float | None = None         # seconds of a plain pass, decayed mean
-        self.assistant_s: float | None = None     # seconds per drafted token, decayed mean
-        self._verify: dict[int, float] = {}        # rows read -> seconds, decayed means (two rows or more)
-        self._line: tuple[float, float, float] | None = None  # a line through them, refitted when they change
-        self._tokens = self._seconds = 0.0         # realised output and cost of drafting steps, decayed sums
-        self._steps = self._idle = 0
-        self._interval = probe_every
-        self._confident = False                    # the drafts come with confidences
 
-    # -- what it has learnt -------------------------------------------------------------------------------------
     def _bin(self, confidence: float) -> int:
         return min(len(self._seen) - 1, max(0, int(confidence * len(self._seen))))
 
-    def calibrated(self, confidence: float) -> float:
-        """How often a draft of this confidence is accepted (given the drafts before it were)."""
+    def __call__(self, confidence: float) -> float:
         b = self._bin(confidence)
         return self._hits[b] / self._seen[b]
 
-    def verify_s(self, rows: int) -> float | None:
+    def survival(self, confidences: list[float]) -> list[float]:
+        """Each draft's chance to be accepted: the product of its own and every earlier draft's."""
+        chances, chance = [], 1.0
+        for c in confidences:
+            chance *= self(c)
+            chances.append(chance)
+        return chances
+
+    def observe(self, confidences: list[float], verified: int, accepted: int) -> None:
+        # each verified draft up to the first rejection was tried with the ones before it accepted
+        for i, c in enumerate(confidences[:min(verified, accepted + 1)]):
+            b = self._bin(c)
+            self._seen[b] += 1
+            self._hits[b] += i < accepted
+
+
+# Until a plain pass has been timed, the smallest verification measured is taken to cost this many plain passes,
+# and with one verification size measured, each further row this fraction of it: the figures of this project's CPU
+# (a 2-row pass about 1.2 plain passes, about 3 % more per row), replaced as soon as the real ones are measured.
+FIRST_VERIFY_OVER_PLAIN = 1.2
+SLOPE_PER_ROW = 0.03
+
+
+class PassCosts:
+    """Seconds per assistant token, per plain target pass, and per verification pass as a line in the rows it
+    reads, from decayed means (`decay`) of one generation's steps."""
+
+    def __init__(self, decay: float = 0.7):
+        self.decay = decay
+        self.plain_s: float | None = None         # a plain pass (one row)
+        self.assistant_s: float | None = None     # one drafted token
+        self._verify: dict[int, float] = {}       # rows read (two or more) -> seconds
+        self._line: tuple[float, float, float] | None = None  # (rows, seconds, seconds per row) through them
+
+    def _mean(self, old: float | None, new: float) -> float:
+        return new if old is None else self.decay * old + (1 - self.decay) * new
+
+    def observe(self, proposed: int, draft_s: float, rows: int, pass_s: float) -> None:
+        if proposed:
+            self.assistant_s = self._mean(self.assistant_s, draft_s / proposed)
+        if rows == 1:
+            self.plain_s = self._mean(self.plain_s, pass_s)
+        else:
+            self._verify[rows] = self._mean(self._verify.get(rows), pass_s)
+            self._line = self._fit_line()
+
+    def pass_s(self, rows: int) -> float | None:
         """Seconds of a target pass that reads `rows` tokens; None before anything was measured. A line fitted to
         the verification sizes measured, never below a plain pass."""
         if self._line is None:
             return self.plain_s if rows <= 1 else None
-        # no plain pass measured yet: assume the smallest verification measured costs 1.2 of one
-        plain_s = self.plain_s if self.plain_s is not None else self._verify[min(self._verify)] / 1.2
+        plain_s = (self.plain_s if self.plain_s is not None
+                   else self._verify[min(self._verify)] / FIRST_VERIFY_OVER_PLAIN)
         at_rows, at_s, slope = self._line
         return plain_s if rows <= 1 else max(plain_s, at_s + slope * (rows - at_rows))
 
+    @property
+    def known(self) -> bool:
+        return self.assistant_s is not None and self.pass_s(2) is not None
+
     def _fit_line(self) -> tuple[float, float, float]:
-        """(rows, seconds, seconds per row) through the verification sizes measured."""
         known = sorted(self._verify)
-        if len(known) == 1:  # one size measured: assume 3 % more per row
-            return known[0], self._verify[known[0]], 0.03 * self._verify[known[0]]
+        if len(known) == 1:
+            return known[0], self._verify[known[0]], SLOPE_PER_ROW * self._verify[known[0]]
         mean_r = sum(known) / len(known)
         mean_s = sum(self._verify[r] for r in known) / len(known)
         slope = sum((r - mean_r) * (self._verify[r] - mean_s) for r in known) / sum((r - mean_r) ** 2 for r in known)
         return mean_r, mean_s, max(0.0, slope)
+
+
+class DraftSwitch:
+    """For drafts without confidences: draft only while drafting steps realise more tokens per second than plain
+    passes. While drafting loses, the assistant idles, with a probe at intervals that double while it keeps losing
+    (`probe_every` steps at first; a probe keeps `probe_keep` of the old record, so its own result weighs)."""
+
+    def __init__(self, decay: float = 0.7, probe_every: int = 8, probe_keep: float = 0.3):
+        self.decay, self.probe_every, self.probe_keep = decay, probe_every, probe_keep
+        self._tokens = self._seconds = 0.0   # realised output and cost of drafting steps, decayed sums
+        self._idle, self._interval = 0, probe_every
 
     @property
     def drafting_rate(self) -> float | None:
         """Realised tokens per second of recent drafting steps."""
         return self._tokens / self._seconds if self._seconds else None
 
-    def _costs_known(self) -> bool:
-        return self.assistant_s is not None and self.verify_s(2) is not None
+    def observe(self, emitted: int, seconds: float) -> None:
+        self._tokens = self.decay * self._tokens + emitted
+        self._seconds = self.decay * self._seconds + seconds
 
-    def _survival(self, confidences: list[float]) -> list[float]:
-        chances, chance = [], 1.0
-        for c in confidences:
-            chance *= self.calibrated(c)
-            chances.append(chance)
-        return chances
-
-    # -- the per-token decisions --------------------------------------------------------------------------------
-    def keep_drafting(self, confidences):
-        if not self._costs_known():
+    def draft(self, plain_s: float) -> bool:
+        """Draft in the next step? Called once per step, once a plain pass (`plain_s`) has been timed."""
+        if self.drafting_rate >= 1.0 / plain_s:
+            self._idle, self._interval = 0, self.probe_every
             return True
-        n = len(confidences)
-        chance_next = self._survival(confidences)[-1] * self.calibrated(confidences[-1])
-        extra_s = self.assistant_s + self.verify_s(n + 2) - self.verify_s(n + 1)
-        return chance_next * self.verify_s(1) >= extra_s
+        self._idle += 1
+        if self._idle < self._interval:
+            return False
+        self._idle, self._interval = 0, 2 * self._interval
+        self._tokens *= self.probe_keep
+        self._seconds *= self.probe_keep
+        return True
+
+
+class AdaptiveSchedule:
+    """Cost-aware drafting: each draft token is weighed by the chance that the target accepts it against what it costs
+    on this machine, both measured during this generation (README, "The adaptive schedule", has its history).
+
+    - **Chance** (`Calibration`): the draft model's confidence in its token, mapped through a calibration learnt
+      online; a draft survives if it and every draft before it are accepted.
+    - **Cost** (`PassCosts`): seconds per assistant token, per plain target pass and per verification pass, from
+      this generation's steps (the first, which also reads the prompt, is left out). A draft is worth one plain pass
+      if accepted.
+    - **Per token.** Keep drafting while the chance that the next draft survives pays for one more assistant pass
+      and one more verified row. Then verify the prefix with the largest expected saving; drafts past it are
+      withheld (none at all when the first does not pay: a plain pass). Every step drafts at least one token, to read
+      its confidence.
+    - **Until the costs are measured** (the first two steps) it drafts the heuristic's window, up to `max_window`
+      after that.
+
+    Without confidences (prompt lookup, an assistant with another tokenizer) the window follows the heuristic's
+    +2/-1 rule, at least `min_window`, and a `DraftSwitch` decides whether to draft at all; the one plain pass it
+    needs to compare with is taken after the first timed drafting step.
+    """
+
+    def __init__(self, num_assistant_tokens: int, *, decay: float = 0.7, min_window: int = 2, max_window: int = 32,
+                 probe_every: int = 8, probe_keep: float = 0.3, bins: int = 10, prior_strength: float = 4.0):
+        self.window = self._k = min(num_assistant_tokens, max_window)
+        self.min_window, self.max_window = min_window, max_window
+        self.calibrated = Calibration(bins, prior_strength)
+        self.costs = PassCosts(decay)
+        self.switch = DraftSwitch(decay, probe_every, probe_keep)
+        self._steps = 0
+        self._confident = False                    # the drafts come with confidences
+
+    @property
+    def plain_s(self) -> float | None:
+        return self.costs.plain_s
+
+    @property
+    def assistant_s(self) -> float | None:
+        return self.costs.assistant_s
+
+    def keep_drafting(self, confidences):
+        if not self.costs.known:
+            return True
+        n, pass_s = len(confidences), self.costs.pass_s
+        chance_next = self.calibrated.survival(confidences)[-1] * self.calibrated(confidences[-1])
+        return chance_next * pass_s(1) >= self.costs.assistant_s + pass_s(n + 2) - pass_s(n + 1)
 
     def verify_count(self, confidences):
-        if not self._costs_known():
+        if not self.costs.known:
             return len(confidences)
         best = gain = best_gain = 0.0
-        for n, chance in enumerate(self._survival(confidences), start=1):
-            gain += chance * self.verify_s(1) - (self.verify_s(n + 1) - self.verify_s(n))
+        pass_s = self.costs.pass_s
+        for n, chance in enumerate(self.calibrated.survival(confidences), start=1):
+            gain += chance * pass_s(1) - (pass_s(n + 1) - pass_s(n))
             if gain > best_gain:
                 best, best_gain = n, gain
         return int(best)
 
-    # -- learning from each step --------------------------------------------------------------------------------
     def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         self._steps += 1
-        d = self.decay
         if confidences is not None:
             self._confident = True
-            # each verified draft up to the first rejection was tried with the ones before it accepted
-            for i, c in enumerate(confidences[:min(drafted, accepted + 1)]):
-                b = self._bin(c)
-                self._seen[b] += 1
-                self._hits[b] += i < accepted
+            self.calibrated.observe(confidences, drafted, accepted)
         if drafted:
             self._k = heuristic_window(self._k, drafted, accepted, lowest=self.min_window, highest=self.max_window)
         proposed = len(confidences) if confidences is not None else drafted
         if self._steps > 1:  # the first pass also reads the whole prompt
+            self.costs.observe(proposed, draft_s, drafted + 1, verify_s)
             if proposed:
-                per = draft_s / proposed
-                self.assistant_s = per if self.assistant_s is None else d * self.assistant_s + (1 - d) * per
-                self._tokens = d * self._tokens + accepted + 1
-                self._seconds = d * self._seconds + draft_s + verify_s
-            rows = drafted + 1
-            if rows == 1:
-                self.plain_s = verify_s if self.plain_s is None else d * self.plain_s + (1 - d) * verify_s
-            else:
-                old = self._verify.get(rows)
-                self._verify[rows] = verify_s if old is None else d * old + (1 - d) * verify_s
-                self._line = self._fit_line()
-        draft_window = self.max_window if self._confident and self._costs_known() else self._k
-        if self._confident or self._steps == 1 or self.drafting_rate is None:
+                self.switch.observe(accepted + 1, draft_s + verify_s)
+        draft_window = self.max_window if self._confident and self.costs.known else self._k
+        if self._confident or self._steps == 1 or self.switch.drafting_rate is None:
             self.window = draft_window
         elif self.plain_s is None:
             self.window = 0  # measure a plain pass: drafting has to beat it
-        elif self.drafting_rate < 1.0 / self.plain_s:
-            self._idle += 1  # drafting loses: plain decoding, with a probe now and then, ever further apart
-            if self._idle >= self._interval:
-                self._idle, self._interval = 0, 2 * self._interval
-                self._tokens *= self.probe_keep  # let the probe's own result weigh
-                self._seconds *= self.probe_keep
-                self.window = draft_window
-            else:
-                self.window = 0
         else:
-            self._idle, self._interval = 0, self.probe_every
-            self.window = draft_window
+            self.window = draft_window if self.switch.draft(self.plain_s) else 0
 
 
 SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "adaptive": AdaptiveSchedule}
@@ -219,3 +255,31 @@ def make_schedule(name: str, num_assistant_tokens: int) -> WindowSchedule:
     if num_assistant_tokens < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}")
     return SCHEDULES[name](num_assistant_tokens)
+
+
+def replay(schedule: WindowSchedule, accepted: list[bool], confidences: list[float] | None, *, assistant_s: float,
+           pass_s: Callable[[int], float], prefill_s: float = 0.0) -> float:
+    """Simulated seconds to emit one recorded generation under `schedule`, stepped as the decoding loop steps it.
+
+    `accepted[i]`: would the target accept a draft at position i; `confidences[i]`: the draft model's probability of
+    that draft (None: drafts without confidences; every step then drafts its whole window). `pass_s(rows)`: the
+    seconds of a target pass over `rows` tokens; the first pass also pays `prefill_s`. With greedy drafts this is
+    exact: the drafts at a position do not depend on the window they were drafted in."""
+    n, i, seconds, first = len(accepted), 0, 0.0, True
+    while i < n:
+        k = min(schedule.window, n - i - 1)
+        drafts: list[float] = []
+        while len(drafts) < k:
+            drafts.append(confidences[i + len(drafts)] if confidences is not None else 1.0)
+            if confidences is not None and not schedule.keep_drafting(drafts):
+                break
+        verified = schedule.verify_count(drafts) if confidences is not None else len(drafts)
+        kept = 0
+        while kept < verified and accepted[i + kept]:
+            kept += 1
+        verify_s = pass_s(verified + 1) + (prefill_s if first else 0.0)
+        draft_s = len(drafts) * assistant_s
+        schedule.update(verified, kept, draft_s, verify_s, drafts if confidences is not None else None)
+        seconds += draft_s + verify_s
+        i, first = i + kept + 1, False
+    return seconds

@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from assistgen import schedules  # noqa: E402
 from assistgen.schedules import ConstantSchedule  # noqa: E402
 TRACES = Path(__file__).with_name("acceptance_traces.json")
 
@@ -39,29 +40,11 @@ def pass_seconds(rows: int) -> float:
 
 
 def replay(match: list[int], schedule, assistant_s: float, confidence: list[float] | None = None) -> float:
-    """Speedup of one generation over plain decoding, under `schedule`, stepped as the decoding loop steps it.
-
-    With `confidence` (the assistant's probability of its own greedy token at each position), the schedule may stop
-    drafting and withhold drafts as it would in the real loop; without, every step drafts its whole window.
-    """
-    n, i, seconds, first = len(match), 0, 0.0, True
-    while i < n:
-        k = min(schedule.window, n - i - 1) if schedule.window else 0
-        drafted = []
-        while len(drafted) < k:
-            drafted.append(confidence[i + len(drafted)] if confidence else 1.0)
-            if confidence and not schedule.keep_drafting(drafted):
-                break
-        verified = schedule.verify_count(drafted) if confidence else len(drafted)
-        accepted = 0
-        while accepted < verified and match[i + accepted]:
-            accepted += 1
-        verify = pass_seconds(verified + 1) + (PREFILL_S if first else 0.0)
-        draft_s = len(drafted) * assistant_s
-        schedule.update(verified, accepted, draft_s, verify, drafted if confidence else None)
-        seconds += draft_s + verify
-        i, first = i + accepted + 1, False
-    return (n * pass_seconds(1) + PREFILL_S) / seconds
+    """Speedup of one generation over plain decoding, under `schedule` (`assistgen.schedules.replay`): with
+    `confidence` the schedule may stop drafting and withhold drafts as it would in the real loop."""
+    seconds = schedules.replay(schedule, [bool(m) for m in match], confidence, assistant_s=assistant_s,
+                               pass_s=pass_seconds, prefill_s=PREFILL_S)
+    return (len(match) * pass_seconds(1) + PREFILL_S) / seconds
 
 
 def oracle(match: list[int], assistant_s: float) -> float:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tiny_models as tm
-from assistgen import generate
+from assistgen import generate, schedules
 from assistgen.schedules import AdaptiveSchedule, HeuristicSchedule
 
 
@@ -58,9 +58,9 @@ def warmed(assistant_s, verify, steps=6, confidence=0.9):
 def test_costs_are_measured_and_the_prompt_pass_left_out():
     schedule = warmed(0.05, cpu_verify)
     assert schedule.assistant_s == pytest.approx(0.05)
-    assert schedule.verify_s(1) == pytest.approx(0.3)
-    assert schedule.verify_s(4) == pytest.approx(cpu_verify(3), rel=0.01)
-    assert schedule.verify_s(9) == pytest.approx(cpu_verify(8), rel=0.02)  # a line through the sizes measured
+    assert schedule.costs.pass_s(1) == pytest.approx(0.3)
+    assert schedule.costs.pass_s(4) == pytest.approx(cpu_verify(3), rel=0.01)
+    assert schedule.costs.pass_s(9) == pytest.approx(cpu_verify(8), rel=0.02)  # a line through the sizes measured
 
 
 def test_verification_is_never_priced_below_a_plain_pass():
@@ -68,10 +68,10 @@ def test_verification_is_never_priced_below_a_plain_pass():
     assert one_size.window == 32  # the window starts within the cap
     one_size.update(3, 3, 9.0, 9.0, [0.9] * 3)  # the prompt's prefill
     one_size.update(32, 32, 0.3, 0.05, [0.9] * 32)  # one size measured, 33 rows
-    costs = [one_size.verify_s(rows) for rows in range(1, 40)]
+    costs = [one_size.costs.pass_s(rows) for rows in range(1, 40)]
     assert costs == sorted(costs) and costs[0] == pytest.approx(0.05 / 1.2)  # the guess until a plain pass is timed
     gpu = warmed(0.0005, lambda k: 0.03 if k < 8 else 0.03 + 0.004 * (k - 8), steps=12)  # flat, then rising
-    costs = [gpu.verify_s(rows) for rows in range(1, 40)]
+    costs = [gpu.costs.pass_s(rows) for rows in range(1, 40)]
     assert costs == sorted(costs) and costs[1] >= gpu.plain_s
 
 
@@ -115,25 +115,8 @@ def test_without_costs_it_drafts_the_window_like_the_heuristic():
 
 def replay(schedule, trace, assistant_s, verify):
     """Simulated seconds to emit a trace of (accepted, confidence) per position, as the decoding loop would."""
-    i = steps = 0
-    seconds = 0.0
-    while i < len(trace):
-        k = min(schedule.window, len(trace) - i - 1)
-        confidences = []
-        while len(confidences) < k:
-            confidences.append(trace[i + len(confidences)][1])
-            if not schedule.keep_drafting(confidences):
-                break
-        n = schedule.verify_count(confidences)
-        accepted = 0
-        while accepted < n and trace[i + accepted][0]:
-            accepted += 1
-        draft_s = len(confidences) * assistant_s
-        schedule.update(n, accepted, draft_s, verify(n), confidences)
-        seconds += draft_s + verify(n)
-        i += accepted + 1
-        steps += 1
-    return seconds
+    return schedules.replay(schedule, [a for a, _ in trace], [c for _, c in trace], assistant_s=assistant_s,
+                            pass_s=lambda rows: verify(rows - 1))
 
 
 def bursty_trace(seed, n=400, burst=0.9):
@@ -206,7 +189,7 @@ def test_probes_back_off_while_drafting_does_not_pay():
     probes = [i for i, k in enumerate(windows) if k and i > 3]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 3 and gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0]
-    assert schedule.drafting_rate < 1 / schedule.plain_s
+    assert schedule.switch.drafting_rate < 1 / schedule.plain_s
 
 
 # -- in the decoding loop ------------------------------------------------------------------------------------------
