@@ -9,9 +9,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from assistgen.catalog import CatalogError, load_catalog  # noqa: E402
-from assistgen.compare import MAX_NEW_TOKENS_LIMIT  # noqa: E402
+from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
+                               TEMPERATURE_RANGE, WINDOW_RANGE)
 from assistgen.render import CSS, LEGEND, LiveView  # noqa: E402
-from assistgen.service import TASK_LABELS, Service, UserError  # noqa: E402
+from assistgen.service import Service  # noqa: E402
+from assistgen.validation import UserError  # noqa: E402
 from assistgen.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,11 +48,20 @@ def _outputs_list(view_out: dict, keys: list[str]) -> list:
     return [view_out.get(k, gr.skip()) for k in keys] + [rerun]
 
 
-def build_demo(service: Service) -> gr.Blocks:
-    """The whole page. `service` does the work; tests pass one with a catalog of tiny models."""
-    output_keys = ["status", "baseline_html", "baseline_figures", "assisted_html", "assisted_figures", "summary",
-                   "plot", "raw"]
+def _as_gradio_error(exc: Exception) -> gr.Error:
+    """What the user reads when a request fails: a UserError says what to do; anything else says what happened.
+    Either way the server keeps serving and the page keeps the input."""
+    if isinstance(exc, UserError):
+        return gr.Error(str(exc))
+    return gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
 
+
+OUTPUT_KEYS = ["status", "baseline_html", "baseline_figures", "assisted_html", "assisted_figures", "summary", "plot",
+               "raw"]
+
+
+def _handlers(service: Service):
+    """The page's Run handler for a task, and the /compare API function."""
     def make_handler(task: str):
         def handler(pair, content, language, max_new_tokens, temperature, draft_source, window, schedule,
                     progress=gr.Progress()):
@@ -64,13 +75,9 @@ def build_demo(service: Service) -> gr.Blocks:
                                            **kwargs):
                     if snap.phase == "loading":
                         progress(snap.fraction, desc=snap.message)
-                    yield _outputs_list(view.outputs(snap), output_keys)
-            except UserError as exc:
-                raise gr.Error(str(exc)) from None
-            except KeyError as exc:
-                raise gr.Error(str(exc.args[0] if exc.args else exc)) from None
-            except Exception as exc:  # the server keeps serving; the user learns what happened
-                raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
+                    yield _outputs_list(view.outputs(snap), OUTPUT_KEYS)
+            except Exception as exc:
+                raise _as_gradio_error(exc) from None
         return handler
 
     def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
@@ -83,13 +90,89 @@ def build_demo(service: Service) -> gr.Blocks:
                                         draft_source=draft_source or "assistant", schedule=schedule or None,
                                         num_assistant_tokens=num_assistant_tokens)
             return service.run(task, pair, text=text, audio=audio, settings=settings).to_dict()
-        except UserError as exc:
-            raise gr.Error(str(exc)) from None
-        except KeyError as exc:
-            raise gr.Error(str(exc.args[0] if exc.args else exc)) from None
-        except Exception as exc:  # as in the page's handler: a clear message, not Gradio's generic one
-            raise gr.Error(f"generation failed ({type(exc).__name__}: {exc}); try again") from None
+        except Exception as exc:
+            raise _as_gradio_error(exc) from None
+    return make_handler, api_compare
 
+
+def _settings_section(first_defaults: tuple[int, str]) -> tuple:
+    """The Settings accordion: max new tokens, temperature, window, draft source, schedule."""
+    with gr.Accordion("Settings", open=False):
+        with gr.Row():
+            max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="max new tokens",
+                                       elem_id="max-new-tokens")
+            temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)")
+            window = gr.Slider(*WINDOW_RANGE, value=first_defaults[0], step=1,
+                               label="initial window (num_assistant_tokens)")
+        with gr.Row():
+            draft_source = gr.Radio([(label, name) for name, label in DRAFT_SOURCES.items()], value="assistant",
+                                    label="draft source")
+            schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[1],
+                                label="window schedule (adaptive: each draft only while its confidence pays here)")
+    return max_new_tokens, temperature, draft_source, window, schedule
+
+
+def _task_tab(service: Service, task: str, choices: list, pair_changed, window, schedule) -> tuple:
+    """One task's tab: its pair, its input, its Run and Run-again buttons, its examples."""
+    default = service.default_pair(choices)
+    pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
+    pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
+    # a pair's own defaults (window, schedule) come with it, as measured for it in models.yaml
+    pair.change(pair_changed, inputs=pair, outputs=[window, schedule, pair_info], api_visibility="private",
+                queue=False)
+    if task == "asr":
+        content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
+                           label=f"speech (up to {service.max_audio_seconds:.0f} s)", elem_id="input-asr")
+    else:
+        content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
+                             placeholder={"chat": "Ask something, or paste code to complete…",
+                                          "translation": "Text to translate…",
+                                          "summarization": "Text to summarize…"}[task])
+    language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into", visible=task == "translation")
+    with gr.Row():
+        button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
+        rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
+                          elem_id=f"rerun-{task}")
+    gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
+    return (button, rerun), [pair, content, language]
+
+
+def _results_section() -> list:
+    """Status, the two columns, the summary, the per-pass plot and the raw JSON, in OUTPUT_KEYS order."""
+    status = gr.Markdown("Pick a pair, give an input and press *Run*.", elem_id="status")
+    with gr.Row(equal_height=False):
+        with gr.Column():
+            gr.Markdown("### Baseline: target alone (runs first)")
+            baseline_html = gr.HTML(elem_id="baseline-output")
+            baseline_figures = gr.Markdown(elem_id="baseline-figures")
+        with gr.Column():
+            gr.Markdown("### Assisted: drafts verified by the target")
+            assisted_html = gr.HTML(elem_id="assisted-output")
+            assisted_figures = gr.Markdown(elem_id="assisted-figures")
+    gr.HTML(LEGEND)
+    summary = gr.HTML(elem_id="summary")
+    plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens")
+    with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
+        raw = gr.JSON()
+    return [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
+
+
+def _api_endpoint(api_compare) -> None:
+    """The documented API endpoint, /compare: named inputs, one JSON object out."""
+    with gr.Column(visible=False):
+        api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
+                      gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
+                      gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
+                      gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None)]
+        api_button = gr.Button("api")
+        api_out = gr.JSON()
+    api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare", concurrency_id="model",
+                     concurrency_limit=1)
+
+
+def build_demo(service: Service) -> gr.Blocks:
+    """The whole page. `service` does the work; tests pass one with a catalog of tiny models."""
+    make_handler, api_compare = _handlers(service)
     choices_by_task = {task: service.pair_choices(task) for task in TASK_LABELS}  # availability once per task
     first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])
     first_defaults = service.pair_defaults(first_pair) if first_pair else (5, "heuristic")
@@ -102,79 +185,21 @@ def build_demo(service: Service) -> gr.Blocks:
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
-        with gr.Accordion("Settings", open=False):
-            with gr.Row():
-                max_new_tokens = gr.Slider(1, MAX_NEW_TOKENS_LIMIT, value=128, step=1, label="max new tokens",
-                                           elem_id="max-new-tokens")
-                temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)")
-                window = gr.Slider(1, 32, value=first_defaults[0], step=1,
-                                   label="initial window (num_assistant_tokens)")
-            with gr.Row():
-                draft_source = gr.Radio([("assistant model", "assistant"), ("prompt lookup (no model)",
-                                                                             "prompt_lookup")],
-                                        value="assistant", label="draft source")
-                schedule = gr.Radio(["heuristic", "constant", "adaptive"], value=first_defaults[1],
-                                    label="window schedule (adaptive: each draft only while its confidence pays here)")
+        max_new_tokens, temperature, draft_source, window, schedule = _settings_section(first_defaults)
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
         runs = []
         with gr.Tabs():
             for task, label in TASK_LABELS.items():
                 with gr.Tab(label, id=task):
-                    choices = choices_by_task[task]
-                    default = service.default_pair(choices)
-                    pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
-                    pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
-                    # a pair's own defaults (window, schedule) come with it, as measured for it in models.yaml
-                    pair.change(pair_changed, inputs=pair, outputs=[window, schedule, pair_info],
-                                api_visibility="private", queue=False)
-                    if task == "asr":
-                        content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
-                                           label=f"speech (up to {service.max_audio_seconds:.0f} s)",
-                                           elem_id="input-asr")
-                    else:
-                        content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
-                                             placeholder={"chat": "Ask something, or paste code to complete…",
-                                                          "translation": "Text to translate…",
-                                                          "summarization": "Text to summarize…"}[task])
-                    language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into",
-                                           visible=task == "translation")
-                    with gr.Row():
-                        button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
-                        rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
-                                          elem_id=f"rerun-{task}")
-                    gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
-                    runs.append((task, (button, rerun), [pair, content, language]))
-        status = gr.Markdown("Pick a pair, give an input and press *Run*.", elem_id="status")
-        with gr.Row(equal_height=False):
-            with gr.Column():
-                gr.Markdown("### Baseline: target alone (runs first)")
-                baseline_html = gr.HTML(elem_id="baseline-output")
-                baseline_figures = gr.Markdown(elem_id="baseline-figures")
-            with gr.Column():
-                gr.Markdown("### Assisted: drafts verified by the target")
-                assisted_html = gr.HTML(elem_id="assisted-output")
-                assisted_figures = gr.Markdown(elem_id="assisted-figures")
-        gr.HTML(LEGEND)
-        summary = gr.HTML(elem_id="summary")
-        plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens")
-        with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
-            raw = gr.JSON()
-        outputs = [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
+                    buttons, inputs = _task_tab(service, task, choices_by_task[task], pair_changed, window, schedule)
+                    runs.append((task, buttons, inputs))
+        outputs = _results_section()
         for task, (button, rerun), inputs in runs:
             for trigger in (button, rerun):
                 trigger.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs + [rerun],
                               concurrency_id="model", concurrency_limit=1, api_visibility="private",
-                              show_progress_on=[status])
-        # The documented API endpoint: named inputs, one JSON object out.
-        with gr.Column(visible=False):
-            api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
-                          gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
-                          gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
-                          gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None)]
-            api_button = gr.Button("api")
-            api_out = gr.JSON()
-        api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare",
-                         concurrency_id="model", concurrency_limit=1)
+                              show_progress_on=[outputs[0]])
+        _api_endpoint(api_compare)
     return demo
 
 

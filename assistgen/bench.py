@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from .compare import Settings, cost_ratio, run_generation, warm_up
 from .decoding import GenerationResult
 
@@ -445,13 +446,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", action="append", default=[], metavar="FILE",
                    help="your own prompts, .txt (one per line) or .jsonl (repeatable); with --task")
     p.add_argument("--audio-dir", action="append", default=[], metavar="DIR", help="a folder of clips (task asr)")
-    p.add_argument("--task", default="chat", choices=["chat", "translation", "summarization"],
+    p.add_argument("--task", default="chat", choices=TEXT_TASKS,
                    help="task for --prompts (default chat)")
     p.add_argument("--limit", type=int, help="at most this many items per set")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
-    p.add_argument("--draft-sources", type=_names(["assistant", "prompt_lookup"]), default=["assistant"])
-    p.add_argument("--schedules", type=_names(["heuristic", "constant", "adaptive"]), default=["heuristic"])
+    p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=["assistant"])
+    p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=["heuristic"])
     p.add_argument("--num-assistant-tokens", type=int, default=5)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peer", action="store_true", help="also run transformers' generate(assistant_model=...)")

@@ -8,15 +8,14 @@ from typing import Any
 
 import yaml
 
+from .choices import MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
 from .packs import PackFile, PackPart
 
-TASKS = ("chat", "translation", "summarization", "asr")
 PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
 SOURCES = ("pack", "hub", "local", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
 PACK_FORMATS = ("gguf", "ct2_whisper")
-SCHEDULE_NAMES = ("heuristic", "constant", "adaptive")
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "models.yaml"
 
 
@@ -192,10 +191,11 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
     where.unknown_keys(defaults, {"max_new_tokens", "num_assistant_tokens", "schedule"})
     max_new = where.get(defaults, "max_new_tokens", int, default=128)
     window = where.get(defaults, "num_assistant_tokens", int, default=5)
-    if not 1 <= max_new <= 4096:
-        raise where.error("max_new_tokens", f"must be between 1 and 4096, got {max_new}")
-    if not 1 <= window <= 64:
-        raise where.error("num_assistant_tokens", f"must be between 1 and 64, got {window}")
+    if not MAX_NEW_TOKENS_RANGE[0] <= max_new <= MAX_NEW_TOKENS_RANGE[1]:
+        raise where.error("max_new_tokens", f"must be between {MAX_NEW_TOKENS_RANGE[0]} and {MAX_NEW_TOKENS_RANGE[1]}, "
+                          f"got {max_new}")
+    if not WINDOW_RANGE[0] <= window <= WINDOW_RANGE[1]:
+        raise where.error("num_assistant_tokens", f"must be between {WINDOW_RANGE[0]} and {WINDOW_RANGE[1]}, got {window}")
     style = where.get(raw, "prompt_style", str, choices=PROMPT_STYLES)
     if ("asr" in tasks) != (style == "asr") or ("asr" in tasks and len(tasks) > 1):
         raise where.error("prompt_style", "a speech pair has only the task 'asr' and prompt_style 'asr'")

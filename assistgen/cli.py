@@ -6,6 +6,7 @@ import json
 import sys
 
 from .catalog import CatalogError, load_catalog
+from .choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
 from .tasks import LANGUAGES
 from .terminal import CliError, load_pair, progress_bar
 
@@ -118,15 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(run=cmd_prepare)
     comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
     comp.add_argument("--pair", required=True)
-    comp.add_argument("--task", required=True, choices=["chat", "translation", "summarization", "asr"])
+    comp.add_argument("--task", required=True, choices=TASKS)
     source = comp.add_mutually_exclusive_group(required=True)
     source.add_argument("--text")
     source.add_argument("--audio")
     comp.add_argument("--max-new-tokens", type=int)
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    comp.add_argument("--draft-source", choices=["assistant", "prompt_lookup"], default="assistant")
+    comp.add_argument("--draft-source", choices=list(DRAFT_SOURCES), default="assistant")
     comp.add_argument("--num-assistant-tokens", type=int)
-    comp.add_argument("--schedule", choices=["heuristic", "constant", "adaptive"])
+    comp.add_argument("--schedule", choices=SCHEDULE_NAMES)
     comp.add_argument("--target-language", default="French", choices=LANGUAGES)
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")

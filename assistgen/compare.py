@@ -8,11 +8,9 @@ from typing import Callable
 from .decoding import GenerationResult, Step, generate
 from .loading import LoadedPair
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
-from .schedules import SCHEDULES
+from .choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from .tasks import decode
 
-DRAFT_SOURCES = ("assistant", "prompt_lookup")
-MAX_NEW_TOKENS_LIMIT = 1024
 
 
 @dataclass(frozen=True)
@@ -27,20 +25,22 @@ class Settings:
     max_time_s: float | None = None
 
     def validate(self) -> "Settings":
+        (low, high), (t_low, t_high), (w_low, w_high) = MAX_NEW_TOKENS_RANGE, TEMPERATURE_RANGE, WINDOW_RANGE
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or \
-                not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-            raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS_LIMIT}, "
+                not low <= self.max_new_tokens <= high:
+            raise ValueError(f"max_new_tokens must be a whole number from {low} to {high}, "
                              f"got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 2:
-            raise ValueError(f"temperature must be a number from 0 (greedy) to 2, got {self.temperature!r}")
+        if not isinstance(self.temperature, (int, float)) or not t_low <= self.temperature <= t_high:
+            raise ValueError(f"temperature must be a number from {t_low:g} (greedy) to {t_high:g}, "
+                             f"got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.draft_source not in DRAFT_SOURCES:
             raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if not isinstance(self.num_assistant_tokens, int) or not 1 <= self.num_assistant_tokens <= 64:
-            raise ValueError(f"num_assistant_tokens must be from 1 to 64, got {self.num_assistant_tokens!r}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {self.schedule!r}")
+        if not isinstance(self.num_assistant_tokens, int) or not w_low <= self.num_assistant_tokens <= w_high:
+            raise ValueError(f"num_assistant_tokens must be from {w_low} to {w_high}, got {self.num_assistant_tokens!r}")
         return self
 
     @property

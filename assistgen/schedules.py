@@ -246,7 +246,7 @@ class AdaptiveSchedule:
             self.window = draft_window if self.switch.draft(self.plain_s) else 0
 
 
-SCHEDULES = {"constant": ConstantSchedule, "heuristic": HeuristicSchedule, "adaptive": AdaptiveSchedule}
+SCHEDULES = {"heuristic": HeuristicSchedule, "constant": ConstantSchedule, "adaptive": AdaptiveSchedule}
 
 
 def make_schedule(name: str, num_assistant_tokens: int) -> WindowSchedule:

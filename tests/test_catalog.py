@@ -56,7 +56,7 @@ def mutate(path_keys, value):
     (mutate(["pairs", 0, "target"], KeyError), "pair 'big+small', key 'target': is required"),
     (mutate(["pairs", 0, "name"], KeyError), "pair 1, key 'name': is required"),
     (mutate(["pairs", 0, "prompt_style"], "poetry"), "key 'prompt_style': 'poetry' is not one of"),
-    (mutate(["pairs", 0, "defaults"], {"max_new_tokens": 0}), "key 'max_new_tokens': must be between 1 and 4096"),
+    (mutate(["pairs", 0, "defaults"], {"max_new_tokens": 0}), "key 'max_new_tokens': must be between 1 and 1024"),
     (mutate(["pairs", 0, "defaults"], {"max_new_tokens": "many"}), "key 'max_new_tokens': expected int"),
     (mutate(["pairs", 0, "defaults"], {"schedule": "sometimes"}), "key 'schedule'"),
     (mutate(["pairs", 0, "colour"], "red"), "pair 'big+small', key 'colour': unknown key"),

@@ -9,7 +9,7 @@ from assistgen.catalog import load_catalog
 from assistgen.compare import Settings, compare
 from assistgen.pool import ModelPool
 from assistgen.render import LiveView, summary_html
-from assistgen.service import Progress
+from assistgen.streaming import Snapshot
 from assistgen.tasks import text_inputs
 
 PASS_S = 0.025   # every target pass is padded to this long, so its duration is set by the hook, not by the machine
@@ -103,11 +103,11 @@ def test_the_page_marks_an_unreliable_result_and_offers_a_rerun(pair):
     result = run(pair, slow={"baseline"})
     html = summary_html(result.to_dict())
     assert "Timing not reliable" in html and "Run again" in html and "(unreliable)" in html
-    out = LiveView().outputs(Progress("done", pair=pair, baseline_tokens=result.baseline.new_tokens,
+    out = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=result.baseline.new_tokens,
                                       assisted_steps=result.assisted.steps, comparison=result))
     assert out["unreliable"] is True
     clean = run(pair)
-    out = LiveView().outputs(Progress("done", pair=pair, baseline_tokens=clean.baseline.new_tokens,
+    out = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=clean.baseline.new_tokens,
                                       assisted_steps=clean.assisted.steps, comparison=clean))
     assert out["unreliable"] is False and "Timing not reliable" not in out["summary"]
 
