@@ -280,6 +280,64 @@ def _dynamic_int8(spec: ModelSpec, folder: Path, model_class, float_model, progr
     return model
 
 
+def _weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtype: torch.dtype,
+                    progress: Progress) -> str:
+    """The folder (or hub id) transformers loads from: a pack or a GGUF file converted into the cache first."""
+    if spec.source == "pack":
+        return str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
+    if spec.source == "gguf":
+        from .gguf import gguf_to_hf
+        path = Path(spec.location).expanduser()
+        return str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
+    return spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
+
+
+def _auto_class(spec: ModelSpec, config):
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+    if spec.decoder_only:  # e.g. distil-Whisper's decoder as an assistant that reads the target's encoder
+        return AutoModelForCausalLM
+    if config.model_type == "whisper":
+        return AutoModelForSpeechSeq2Seq
+    return AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+
+
+def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dtype: torch.dtype,
+                         progress: Progress) -> tuple[Any, Any, Any]:
+    """(model in eval mode on `device`, tokenizer, processor or None) from `folder`."""
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+    config = AutoConfig.from_pretrained(folder)
+    kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never unpickle weights
+    if spec.quantization in ("int8", "4bit"):
+        kwargs["quantization_config"] = _bnb_config(spec.quantization, device)
+    if spec.device_map:
+        kwargs["device_map"] = spec.device_map
+        if spec.offload_folder:
+            kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder)
+    auto = _auto_class(spec, config)
+    if spec.quantization == "dynamic_int8" and device.type != "cpu":
+        raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
+
+    def float_model():
+        if spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit"):
+            from .gguf import load_cached
+            return load_cached(Path(folder), dtype, tokenizer=False)[0]
+        return auto.from_pretrained(folder, **kwargs)
+
+    if spec.quantization == "dynamic_int8":
+        model = _dynamic_int8(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
+    else:
+        model = float_model()
+    processor = None
+    if config.model_type == "whisper":
+        processor = AutoProcessor.from_pretrained(folder)
+        tokenizer = processor.tokenizer
+    else:
+        tokenizer = _shared_tokenizer(Path(folder), AutoTokenizer)
+    if not spec.device_map and spec.quantization not in ("int8", "4bit", "dynamic_int8"):
+        model = model.to(device=device, dtype=dtype)
+    return model.eval(), tokenizer, processor
+
+
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
                progress: Progress | None = None) -> LoadedModel:
     """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason.
@@ -289,8 +347,6 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     gigabytes, and a process that did one ran its timed passes at half speed afterwards (measured: 0.95 s against
     0.44 s per pass of the 1.5B), while one that loads the finished cache does not.
     """
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq,
-                              AutoProcessor, AutoTokenizer)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # progress goes through `progress`, for gr.Progress and the CLI bar alike
     progress = progress or (lambda fraction, message: None)
@@ -298,54 +354,9 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     dtype = torch_dtype(spec.dtype, device)
     started = time.perf_counter()
     try:
-        if spec.source == "pack":
-            folder = str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
-        elif spec.source == "gguf":
-            from .gguf import gguf_to_hf
-            path = Path(spec.location).expanduser()
-            folder = str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
-        else:
-            folder = spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
+        folder = _weights_folder(spec, catalog, device, dtype, progress)
         progress(0.8, f"{spec.name}: loading weights")
-        config = AutoConfig.from_pretrained(folder)
-        kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never unpickle weights
-        if spec.quantization in ("int8", "4bit"):
-            kwargs["quantization_config"] = _bnb_config(spec.quantization, device)
-        if spec.device_map:
-            kwargs["device_map"] = spec.device_map
-            if spec.offload_folder:
-                kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder)
-        if spec.decoder_only:  # e.g. distil-Whisper's decoder as an assistant that reads the target's encoder
-            auto = AutoModelForCausalLM
-        elif config.model_type == "whisper":
-            auto = AutoModelForSpeechSeq2Seq
-        elif config.is_encoder_decoder:
-            auto = AutoModelForSeq2SeqLM
-        else:
-            auto = AutoModelForCausalLM
-        if spec.quantization == "dynamic_int8" and device.type != "cpu":
-            raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
-        tokenizer = None
-
-        def float_model():
-            if spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit"):
-                from .gguf import load_cached
-                return load_cached(Path(folder), dtype, tokenizer=False)[0]
-            return auto.from_pretrained(folder, **kwargs)
-
-        if spec.quantization == "dynamic_int8":
-            model = _dynamic_int8(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
-        else:
-            model = float_model()
-        processor = None
-        if config.model_type == "whisper":
-            processor = AutoProcessor.from_pretrained(folder)
-            tokenizer = processor.tokenizer
-        elif tokenizer is None:
-            tokenizer = _shared_tokenizer(Path(folder), AutoTokenizer)
-        if not spec.device_map and spec.quantization not in ("int8", "4bit", "dynamic_int8"):
-            model = model.to(device=device, dtype=dtype)
-        model.eval()
+        model, tokenizer, processor = _model_and_tokenizer(spec, folder, device, dtype, progress)
         params, nbytes = _count(model)
         if device.type == "cpu" and spec.quantization == "none":
             from .cpu import materialize
