@@ -63,85 +63,13 @@ def oracle(match: list[int], assistant_s: float) -> float:
     return (n * pass_seconds(1) + PREFILL_S) / seconds
 
 
-class ExpectedRateSchedule(ConstantSchedule):
-    """The first "adaptive" (kept here for comparison): k = argmax E[tokens | alpha, k] / (k T_a + T_verify(k)),
-    alpha i.i.d. from decayed counts, the plain pass measured on its own, T_verify(k >= 1) a fitted line, a
-    neighbouring k or k = 0 explored every 4 steps, probes with back-off when k = 0 wins."""
-
-    def __init__(self, k0, decay=0.85, probe_every=8, probe_window=3, explore_every=4, max_window=32):
-        self.window, self.decay, self.explore_every, self.max_window = k0, decay, explore_every, max_window
-        self.probe_every, self.probe_window = probe_every, probe_window
-        self.acc = self.trials = self.a_s = self.a_n = self.d_tok = self.d_s = 0.0
-        self.verify: dict[int, float] = {}
-        self.steps = self.idle = 0
-        self.interval = probe_every
-
-    def alpha(self):
-        return (self.acc + 1) / (self.trials + 2)
-
-    def verify_s(self, k):
-        if k == 0:
-            drafting = [t for x, t in self.verify.items() if x]
-            return self.verify.get(0, min(drafting) / 1.5 if drafting else 1.0)
-        ks = sorted(x for x in self.verify if x)
-        if not ks:
-            return self.verify.get(0, 1.0) * (1.5 + 0.05 * k)
-        if len(ks) == 1:
-            return self.verify[ks[0]] * (1 + 0.05 * (k - ks[0]))
-        mk, mt = sum(ks) / len(ks), sum(self.verify[x] for x in ks) / len(ks)
-        slope = sum((x - mk) * (self.verify[x] - mt) for x in ks) / sum((x - mk) ** 2 for x in ks)
-        return max(1e-6, mt + max(0.0, slope) * (k - mk))
-
-    def rate(self, k):
-        a = min(self.alpha(), 0.999)
-        per = self.a_s / self.a_n if self.a_n else 0.0
-        return (1 - a ** (k + 1)) / (1 - a) / (k * per + self.verify_s(k))
-
-    def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
-        self.steps += 1
-        d = self.decay
-        if drafted:
-            self.acc = d * self.acc + accepted
-            self.trials = d * self.trials + accepted + (accepted < drafted)
-        if self.steps > 1:
-            if drafted:
-                self.a_s, self.a_n = d * self.a_s + draft_s, d * self.a_n + drafted
-                self.d_tok, self.d_s = d * self.d_tok + accepted + 1, d * self.d_s + draft_s + verify_s
-            old = self.verify.get(drafted)
-            self.verify[drafted] = verify_s if old is None else d * old + (1 - d) * verify_s
-        if not self.a_n:
-            if drafted:
-                self.window = self.window + 2 if accepted == drafted else max(1, self.window - 1)
-            return
-        if 0 not in self.verify:
-            self.window = 0
-            return
-        best = max(range(1, self.max_window + 1), key=self.rate)
-        plain = 1 / self.verify_s(0)
-        realised = self.d_tok / self.d_s if self.d_s else float("inf")
-        if self.rate(best) <= plain or realised < plain:
-            self.idle += 1
-            if self.idle >= self.interval:
-                self.idle, self.interval = 0, 2 * self.interval
-                self.window = min(best, self.probe_window)
-            else:
-                self.window = 0
-            return
-        self.idle, self.interval = 0, self.probe_every
-        if self.steps % self.explore_every == 0:
-            cycle = self.steps // self.explore_every
-            best = 0 if cycle % 2 else max(1, best + (1 if cycle % 4 == 0 else -1))
-        self.window = best
-
-
 def simulate() -> None:
     from assistgen.schedules import AdaptiveSchedule, ConstantSchedule, HeuristicSchedule
     traces = json.loads(TRACES.read_text())
     schedules = {  # name: (make, replay with the assistant's confidences)
         "heuristic": (lambda: HeuristicSchedule(5), False), "constant 5": (lambda: ConstantSchedule(5), False),
         "adaptive": (lambda: AdaptiveSchedule(5), True),
-        "adaptive, no confidences": (lambda: AdaptiveSchedule(5), False),
-        "expected-rate model": (lambda: ExpectedRateSchedule(5), False)}
+        "adaptive, no confidences": (lambda: AdaptiveSchedule(5), False)}
     print("| assistant | suite | " + " | ".join(schedules) + " | oracle |")
     print("|---|---|" + "---|" * (len(schedules) + 1))
     for assistant, seconds in ASSISTANT_S.items():
