@@ -8,13 +8,13 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from assistgen.catalog import CatalogError, load_catalog  # noqa: E402
+from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE)
-from assistgen.render import CSS, LEGEND, LiveView  # noqa: E402
-from assistgen.service import Service  # noqa: E402
-from assistgen.validation import UserError  # noqa: E402
-from assistgen.tasks import LANGUAGES  # noqa: E402
+from assistgen.app.render import CSS, LEGEND, LiveView  # noqa: E402
+from assistgen.app.service import Service  # noqa: E402
+from assistgen.app.validation import UserError  # noqa: E402
+from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INTRO = """# assistgen: assisted generation, side by side

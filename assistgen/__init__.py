@@ -1,4 +1,4 @@
 """assistgen: see, measure and explain assisted generation (speculative decoding)."""
-from .decoding import GenerationResult, Step, generate
+from .engine.decoding import GenerationResult, Step, generate
 
 __all__ = ["generate", "GenerationResult", "Step"]

@@ -2,7 +2,7 @@
 command line all read them from here."""
 from __future__ import annotations
 
-from .schedules import SCHEDULES
+from .engine.schedules import SCHEDULES
 
 TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "Summarization",
                "asr": "Speech recognition"}

@@ -23,10 +23,10 @@ ONE_RUN = r"""
 import json, sys, time
 import torch, transformers
 from transformers import AutoModelForCausalLM, AutoModelForSpeechSeq2Seq, AutoProcessor, AutoTokenizer  # noqa
-from assistgen.catalog import load_catalog
-from assistgen.compare import warm_up
-from assistgen.pool import ModelPool
-from assistgen.service import Service
+from assistgen.models.catalog import load_catalog
+from assistgen.comparison.compare import warm_up
+from assistgen.models.pool import ModelPool
+from assistgen.app.service import Service
 catalog = load_catalog()
 pool = ModelPool(catalog)
 started = time.perf_counter()

@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from assistgen import schedules  # noqa: E402
-from assistgen.schedules import ConstantSchedule  # noqa: E402
+from assistgen.engine import schedules  # noqa: E402
+from assistgen.engine.schedules import ConstantSchedule  # noqa: E402
 TRACES = Path(__file__).with_name("acceptance_traces.json")
 
 # Qwen2.5-Coder 1.5B fp32 (oneDNN) forward seconds by the number of tokens it reads (1 = a plain step; k drafts are
@@ -40,7 +40,7 @@ def pass_seconds(rows: int) -> float:
 
 
 def replay(match: list[int], schedule, assistant_s: float, confidence: list[float] | None = None) -> float:
-    """Speedup of one generation over plain decoding, under `schedule` (`assistgen.schedules.replay`): with
+    """Speedup of one generation over plain decoding, under `schedule` (`assistgen.engine.schedules.replay`): with
     `confidence` the schedule may stop drafting and withhold drafts as it would in the real loop."""
     seconds = schedules.replay(schedule, [bool(m) for m in match], confidence, assistant_s=assistant_s,
                                pass_s=pass_seconds, prefill_s=PREFILL_S)
@@ -64,7 +64,7 @@ def oracle(match: list[int], assistant_s: float) -> float:
 
 
 def simulate() -> None:
-    from assistgen.schedules import AdaptiveSchedule, ConstantSchedule, HeuristicSchedule
+    from assistgen.engine.schedules import AdaptiveSchedule, ConstantSchedule, HeuristicSchedule
     traces = json.loads(TRACES.read_text())
     schedules = {  # name: (make, replay with the assistant's confidences)
         "heuristic": (lambda: HeuristicSchedule(5), False), "constant 5": (lambda: ConstantSchedule(5), False),
@@ -87,11 +87,11 @@ def simulate() -> None:
 def record() -> None:
     import torch
 
-    from assistgen.bench import builtin_items
-    from assistgen.catalog import load_catalog
-    from assistgen.decoding import generate
-    from assistgen.pool import ModelPool
-    from assistgen.tasks import text_inputs
+    from assistgen.tools.bench import builtin_items
+    from assistgen.models.catalog import load_catalog
+    from assistgen.engine.decoding import generate
+    from assistgen.models.pool import ModelPool
+    from assistgen.comparison.tasks import text_inputs
     catalog = load_catalog()
     pool = ModelPool(catalog)
     pair = pool.pair("qwen2.5-coder-1.5b+0.5b-int8")

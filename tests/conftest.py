@@ -32,8 +32,8 @@ def tiny_catalog_path(tmp_path_factory):
 def tiny_app(tiny_catalog_path):
     """The real app, launched in-process on the tiny catalog; yields (url, service)."""
     import app
-    from assistgen.catalog import load_catalog
-    from assistgen.service import Service
+    from assistgen.models.catalog import load_catalog
+    from assistgen.app.service import Service
     service = Service(load_catalog(tiny_catalog_path))
     demo = app.build_demo(service)
     app.queue_and_launch(demo, prevent_thread_lock=True, server_port=free_port(), quiet=True, max_file_size="2mb")

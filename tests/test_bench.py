@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from assistgen.bench import Item, read_items, summarize
+from assistgen.tools.bench import Item, read_items, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,9 +92,9 @@ def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
     from types import SimpleNamespace
 
     import tiny_models as tm
-    from assistgen.bench import floor
-    from assistgen.cpu import use_onednn_linears
-    from assistgen.loading import _count
+    from assistgen.tools.bench import floor
+    from assistgen.models.cpu import use_onednn_linears
+    from assistgen.models.loading import _count
     model = tm.qwen2(0)
     _, nbytes = _count(model)
     use_onednn_linears(model)  # as loading does on CPU: the linear weights leave parameters()

@@ -4,7 +4,7 @@ import copy
 import pytest
 import yaml
 
-from assistgen.catalog import CatalogError, load_catalog
+from assistgen.models.catalog import CatalogError, load_catalog
 
 GOOD = {
     "packs": {"p": {"format": "gguf", "files": [

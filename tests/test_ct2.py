@@ -1,4 +1,4 @@
-"""Tests for assistgen.ct2: a tiny random Whisper written in CTranslate2 layout, converted back."""
+"""Tests for assistgen.models.ct2: a tiny random Whisper written in CTranslate2 layout, converted back."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperProcessor
 
-from assistgen.ct2 import ct2_to_hf, read_ct2
+from assistgen.models.ct2 import ct2_to_hf, read_ct2
 
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
             "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>"]

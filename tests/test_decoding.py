@@ -5,7 +5,7 @@ from transformers import GenerationMixin
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen.drafting import Draft
+from assistgen.engine.drafting import Draft
 
 FAMILIES = {
     "qwen2": (tm.qwen2, tm.decoder_inputs),

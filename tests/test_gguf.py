@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
 
-from assistgen import gguf as conv
+from assistgen.models import gguf as conv
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
@@ -210,8 +210,8 @@ def test_failed_conversion_leaves_nothing(tiny: TinyGGUF, tmp_path: Path, monkey
 
 @pytest.mark.offline_models
 def test_real_smollm2_matches_transformers(tmp_path: Path) -> None:
-    from assistgen import packs
-    from assistgen.catalog import load_catalog
+    from assistgen.models import packs
+    from assistgen.models.catalog import load_catalog
 
     (file,) = load_catalog().packs["smollm2-135m-instruct"].files
     try:

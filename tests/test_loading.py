@@ -5,9 +5,9 @@ import time
 import pytest
 
 import tiny_models as tm
-from assistgen.catalog import load_catalog
-from assistgen.loading import LoadedModel, LoadError, check_pair, tokenizer_mode
-from assistgen.pool import ModelPool
+from assistgen.models.catalog import load_catalog
+from assistgen.models.loading import LoadedModel, LoadError, check_pair, tokenizer_mode
+from assistgen.models.pool import ModelPool
 from tiny_catalog import text_tokenizer, whisper_tokenizer
 
 

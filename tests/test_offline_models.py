@@ -3,10 +3,10 @@ import re
 
 import pytest
 
-from assistgen.catalog import load_catalog
-from assistgen.compare import Settings, compare
-from assistgen.loading import pair_availability
-from assistgen.tasks import asr_inputs, text_inputs
+from assistgen.models.catalog import load_catalog
+from assistgen.comparison.compare import Settings, compare
+from assistgen.models.loading import pair_availability
+from assistgen.comparison.tasks import asr_inputs, text_inputs
 from conftest import free_port, speech_wav
 
 pytestmark = pytest.mark.offline_models
@@ -20,7 +20,7 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number itera
 
 @pytest.fixture(scope="session")
 def real_service():
-    from assistgen.service import Service
+    from assistgen.app.service import Service
     catalog = load_catalog()
     for name in (CHAT, SPEECH):
         ok, why = pair_availability(catalog.pair(name), catalog)
@@ -48,7 +48,7 @@ def test_qwen_assisted_greedy_equals_baseline(real_service, name, prompt):
 
 
 def test_whisper_base_transcribes_an_espeak_clip(real_service, tmp_path):
-    from assistgen.audio import load_audio
+    from assistgen.comparison.audio import load_audio
     pair = real_service.pool.pair(SPEECH)
     clip = speech_wav(tmp_path / "clip.wav", "Assisted generation makes large language models faster.")
     result = compare(pair, "asr", asr_inputs(pair, load_audio(clip)), Settings(max_new_tokens=40))
@@ -59,7 +59,7 @@ def test_whisper_base_transcribes_an_espeak_clip(real_service, tmp_path):
 
 
 def test_whisper_base_with_an_int8_assistant_keeps_the_transcript(real_service, tmp_path):
-    from assistgen.audio import load_audio
+    from assistgen.comparison.audio import load_audio
     pair = real_service.pool.pair("whisper-base+tiny.en-int8")  # the speech default
     clip = speech_wav(tmp_path / "clip.wav", "The meeting has been moved to Thursday afternoon.")
     result = compare(pair, "asr", asr_inputs(pair, load_audio(clip)), Settings(max_new_tokens=40))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from assistgen import packs
-from assistgen.packs import PackError, PackFile, PackPart, assemble, package_dir, verify
+from assistgen.models import packs
+from assistgen.models.packs import PackError, PackFile, PackPart, assemble, package_dir, verify
 
 
 def _sha(data: bytes) -> str:
@@ -153,7 +153,7 @@ def test_concurrent_assemblies_produce_one_correct_file(site: Path, tmp_path: Pa
 
 
 def _real_files() -> list[PackFile]:
-    from assistgen.catalog import load_catalog
+    from assistgen.models.catalog import load_catalog
 
     return [file for pack in load_catalog().packs.values() for file in pack.files]
 

@@ -1,6 +1,6 @@
 """The app loads and warms its default pairs at start-up, so the first click pays for neither."""
-from assistgen.catalog import load_catalog
-from assistgen.service import Service
+from assistgen.models.catalog import load_catalog
+from assistgen.app.service import Service
 
 
 def test_preload_loads_and_warms_each_default_pair(tiny_catalog_path):

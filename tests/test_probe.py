@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from assistgen.catalog import load_catalog
-from assistgen.compare import Settings, compare
-from assistgen.pool import ModelPool
-from assistgen.render import LiveView, summary_html
-from assistgen.streaming import Snapshot
-from assistgen.tasks import text_inputs
+from assistgen.models.catalog import load_catalog
+from assistgen.comparison.compare import Settings, compare
+from assistgen.models.pool import ModelPool
+from assistgen.app.render import LiveView, summary_html
+from assistgen.app.streaming import Snapshot
+from assistgen.comparison.tasks import text_inputs
 
 PASS_S = 0.025   # every target pass is padded to this long, so its duration is set by the hook, not by the machine
 SLOW = 1.6       # the injected fault: passes in a slow phase take this many times longer

@@ -3,7 +3,7 @@ model quantized at load."""
 import torch
 
 import tiny_models as tm
-from assistgen import quantized
+from assistgen.models import quantized
 
 
 def _logits(model, ids):

@@ -1,5 +1,5 @@
 """The assisted output's colouring and the per-pass chart, from the steps of a comparison."""
-from assistgen.render import assisted_html, steps_figure
+from assistgen.app.render import assisted_html, steps_figure
 
 STEPS = [{"candidates": [7, 8], "accepted": 1, "emitted": [7, 9], "window": 5, "withheld": 2},
          {"candidates": [], "accepted": 0, "emitted": [4], "window": 5, "withheld": 1}]

@@ -20,14 +20,14 @@ import torch
 from gradio_client import Client, handle_file
 
 import app
-import assistgen.loading
-import assistgen.service
-from assistgen.audio import load_audio
-from assistgen.catalog import ModelSpec, load_catalog
-from assistgen.loading import LoadError, load_model
-from assistgen.pool import ModelPool
-from assistgen.service import Service
-from assistgen.tasks import InputError
+import assistgen.models.loading
+import assistgen.app.service
+from assistgen.comparison.audio import load_audio
+from assistgen.models.catalog import ModelSpec, load_catalog
+from assistgen.models.loading import LoadError, load_model
+from assistgen.models.pool import ModelPool
+from assistgen.app.service import Service
+from assistgen.comparison.tasks import InputError
 from conftest import ROOT, free_port, speech_wav
 
 ASR = {"task": "asr", "pair": "tiny-speech", "text": None}
@@ -174,7 +174,7 @@ def catalog_with_broken_packs(tiny_catalog_path, tmp_path, monkeypatch):
     (site / "assistgen_test_damaged_weights" / "data" / "part01.bin").write_bytes(b"GGUF not the pinned bytes")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(assistgen.loading, "_failures", {})  # load failures are remembered per process
+    monkeypatch.setattr(assistgen.models.loading, "_failures", {})  # load failures are remembered per process
     packs = "".join(f"""
   {name}:
     format: gguf
@@ -242,17 +242,17 @@ def test_an_exception_inside_generation_reaches_the_caller_and_the_next_request_
 
 
 def test_memory_error_while_loading_says_what_to_do_and_the_next_request_succeeds(tiny_catalog_path, monkeypatch):
-    real_count = assistgen.loading._count
+    real_count = assistgen.models.loading._count
 
     def out_of_memory(model):  # called inside load_model, once the weights are in
         raise MemoryError()
 
-    monkeypatch.setattr(assistgen.loading, "_count", out_of_memory)
+    monkeypatch.setattr(assistgen.models.loading, "_count", out_of_memory)
     with launched(Service(load_catalog(tiny_catalog_path))) as demo:
         client = Client(demo.local_url, verbose=False)
         message = expect_error(client, "out of memory while loading")
         assert "ASSISTGEN_MEMORY_BUDGET_GB" in message
-        monkeypatch.setattr(assistgen.loading, "_count", real_count)
+        monkeypatch.setattr(assistgen.models.loading, "_count", real_count)
         still_serves(client)  # not remembered as a broken pair: it loads once memory is there
 
 
@@ -303,7 +303,7 @@ def test_twenty_concurrent_users_complete_or_get_queue_full_and_model_work_is_se
     budget = max(_pair_bytes(catalog, "tiny-text"), _pair_bytes(catalog, "tiny-speech"))  # room for one pair only
     service = Service(catalog, ModelPool(catalog, budget_bytes=budget))
     intervals, resident, started_at, guard = [], [], {}, threading.Lock()
-    real_compare, real_run = assistgen.service.compare, service.run
+    real_compare, real_run = assistgen.app.service.compare, service.run
 
     def timed_compare(*args, **kwargs):
         start = time.monotonic()
@@ -319,7 +319,7 @@ def test_twenty_concurrent_users_complete_or_get_queue_full_and_model_work_is_se
         started_at[kwargs["text"] or Path(kwargs["audio"]).name] = time.monotonic()
         return real_run(task, pair_name, **kwargs)
 
-    monkeypatch.setattr(assistgen.service, "compare", timed_compare)
+    monkeypatch.setattr(assistgen.app.service, "compare", timed_compare)
     monkeypatch.setattr(service, "run", timed_run)
     users = 20
     audio = {}
@@ -386,14 +386,14 @@ def test_a_full_queue_refuses_with_a_clear_message_and_the_queued_requests_still
     monkeypatch.setenv("ASSISTGEN_QUEUE_SIZE", "1")
     service = Service(load_catalog(tiny_catalog_path))
     entered, gate = threading.Event(), threading.Event()
-    real_compare = assistgen.service.compare
+    real_compare = assistgen.app.service.compare
 
     def held_compare(*args, **kwargs):
         entered.set()
         gate.wait(30)
         return real_compare(*args, **kwargs)
 
-    monkeypatch.setattr(assistgen.service, "compare", held_compare)
+    monkeypatch.setattr(assistgen.app.service, "compare", held_compare)
     with launched(service) as demo:
         first, second, third = (Client(demo.local_url, verbose=False) for _ in range(3))
         running = first.submit(task="chat", pair="tiny-text", text="first", audio=None, max_new_tokens=4,

@@ -8,8 +8,8 @@ from scipy.stats import chisquare
 
 import tiny_models as tm
 from assistgen import generate
-from assistgen import drafting
-from assistgen.sampling import Sampler, accept_sampled
+from assistgen.engine import drafting
+from assistgen.engine.sampling import Sampler, accept_sampled
 
 VOCAB = 8
 SAMPLES = 800

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import tiny_models as tm
-from assistgen import generate, schedules
-from assistgen.schedules import AdaptiveSchedule, HeuristicSchedule
+from assistgen import generate
+from assistgen.engine import schedules
+from assistgen.engine.schedules import AdaptiveSchedule, HeuristicSchedule
 
 
 def cpu_verify(k):

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .decoding import GenerationResult, decoder_prefix
-from .kv import CachedDecoder
+from ..engine.decoding import GenerationResult, decoder_prefix
+from ..engine.kv import CachedDecoder
 
 TOLERANCE = 0.15   # a run whose passes moved by more than this against the probes around it is reported
 PROBE_SPREAD = 2 * TOLERANCE   # the probes themselves: one probe is a second of the machine, noisier than a run

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .compare import Comparison
-from .loading import LoadedPair
+from ..comparison.compare import Comparison
+from ..models.loading import LoadedPair
 
 PHASE_MESSAGES = {"warm-up": "warming the models up (once per pair)",
                   "probe": "timing a fixed target pass, to check that the machine's speed holds",

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from .choices import MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
+from ..choices import MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
 from .packs import PackFile, PackPart
 
 PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
@@ -16,7 +16,7 @@ SOURCES = ("pack", "hub", "local", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
 PACK_FORMATS = ("gguf", "ct2_whisper")
-DEFAULT_PATH = Path(__file__).resolve().parent.parent / "models.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "models.yaml"
 
 
 class CatalogError(ValueError):

@@ -22,8 +22,8 @@ def progress_bar():
 
 def load_pair(catalog, spec):
     """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
-    from .loading import LoadError, pair_availability
-    from .pool import ModelPool
+    from ..models.loading import LoadError, pair_availability
+    from ..models.pool import ModelPool
     ok, why = pair_availability(spec, catalog)
     if not ok:
         raise CliError(f"pair {spec.name!r} is unavailable: {why}")

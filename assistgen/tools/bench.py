@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from .choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
-from .compare import Settings, cost_ratio, run_generation, warm_up
-from .decoding import GenerationResult
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
+from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
+from ..engine.decoding import GenerationResult
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder under bench/)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
@@ -219,8 +219,8 @@ def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool
 def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sources: list[str], schedules: list[str],
               repeats: int, max_new_tokens: int, num_assistant_tokens: int = 5, peer: bool = False,
               progress=None, log=None) -> list[dict]:
-    from .audio import load_audio
-    from .tasks import asr_inputs, text_inputs
+    from ..comparison.audio import load_audio
+    from ..comparison.tasks import asr_inputs, text_inputs
     prepared = []
     for item in items:
         inputs = (asr_inputs(pair, load_audio(item.audio)) if item.task == "asr" else
@@ -462,7 +462,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`python -m assistgen bench`, with its parsed arguments."""
-    from .catalog import CatalogError, load_catalog
+    from ..models.catalog import CatalogError, load_catalog
     from .terminal import CliError, load_pair, progress_bar
     try:
         catalog = load_catalog(args.catalog)

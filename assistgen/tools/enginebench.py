@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decoding import generate
+from ..engine.decoding import generate
 
 
 @dataclass
@@ -54,8 +54,8 @@ def workloads(names: list[str]):
             yield Workload("medium ~500M + ~50M, random weights", target, assistant,
                            _random_prompts(151936 // 4, 2), None)
         elif name == "offline":
-            from .catalog import load_catalog
-            from .pool import ModelPool
+            from ..models.catalog import load_catalog
+            from ..models.pool import ModelPool
             pair = ModelPool(load_catalog()).pair("qwen2.5-coder-1.5b+0.5b")
             prompts = [pair.target.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",

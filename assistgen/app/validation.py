@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from .catalog import Catalog, PairSpec
-from .choices import TASK_LABELS, TASKS
-from .compare import Settings
-from .loading import pair_availability
+from ..models.catalog import Catalog, PairSpec
+from ..choices import TASK_LABELS, TASKS
+from ..comparison.compare import Settings
+from ..models.loading import pair_availability
 
 
 class UserError(Exception):

@@ -5,10 +5,10 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from .decoding import GenerationResult, Step, generate
-from .loading import LoadedPair
+from ..engine.decoding import GenerationResult, Step, generate
+from ..models.loading import LoadedPair
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
-from .choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
+from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from .tasks import decode
 
 

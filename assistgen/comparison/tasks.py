@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loading import LoadedPair
+from ..models.loading import LoadedPair
 
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese", "Russian",
              "English")

@@ -164,7 +164,7 @@ class LiveView:
         self._status = None
 
     def _detokenizers(self, pair):
-        from .tasks import Detokenizer
+        from ..comparison.tasks import Detokenizer
         if self._base is None:
             self._base, self._assisted = Detokenizer(pair.target.tokenizer), Detokenizer(pair.target.tokenizer)
         return self._base, self._assisted

@@ -10,14 +10,14 @@ from typing import Iterator
 
 import numpy as np
 
-from .audio import load_audio, max_audio_seconds
-from .catalog import Catalog
-from .choices import TASKS
-from .compare import Comparison, Settings, compare, warm_up
-from .loading import LoadError, LoadedPair, pair_availability
-from .pool import ModelPool
+from ..comparison.audio import load_audio, max_audio_seconds
+from ..models.catalog import Catalog
+from ..choices import TASKS
+from ..comparison.compare import Comparison, Settings, compare, warm_up
+from ..models.loading import LoadError, LoadedPair, pair_availability
+from ..models.pool import ModelPool
 from .streaming import Snapshot, stream
-from .tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, asr_inputs, text_inputs
+from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, asr_inputs, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
 
 

@@ -1,0 +1,1 @@
+"""The command line (`python -m assistgen`), its benchmarks, and what they share."""
