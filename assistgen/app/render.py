@@ -55,29 +55,30 @@ def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
     return f"<div class='ag-out'>{''.join(out) or '…'}</div>"
 
 
-def _fmt(value, spec: str, unit: str = "") -> str:
-    return "n/a" if value is None else f"{format(value, spec)}{unit}"
+def fmt_value(value, spec: str, unit: str = "", missing: str = "n/a") -> str:
+    """A figure for display: `value` formatted by `spec` with its unit, or `missing` when there is none."""
+    return missing if value is None else f"{format(value, spec)}{unit}"
 
 
 def figures_markdown(run: dict, assisted: bool) -> str:
     t = run["time"]
-    rows = [("latency", _fmt(run["latency_s"], ".2f", " s")), ("new tokens", str(run["new_tokens"])),
-            ("tokens / s", _fmt(run["tokens_per_second"], ".2f")), ("target passes", str(run["target_passes"])),
-            ("tokens / pass", _fmt(run["tokens_per_pass"], ".2f"))]
+    rows = [("latency", fmt_value(run["latency_s"], ".2f", " s")), ("new tokens", str(run["new_tokens"])),
+            ("tokens / s", fmt_value(run["tokens_per_second"], ".2f")), ("target passes", str(run["target_passes"])),
+            ("tokens / pass", fmt_value(run["tokens_per_pass"], ".2f"))]
     if assisted:
         rows += [("assistant passes", str(run["assistant_passes"])),
-                 ("acceptance rate", _fmt(run["acceptance_rate"], ".0%"))]
-    rows += [("setup (encoder, caches)", _fmt(t["setup_s"], ".2f", " s")),
+                 ("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))]
+    rows += [("setup (encoder, caches)", fmt_value(t["setup_s"], ".2f", " s")),
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
-              _fmt(t["prompt_s"], ".2f", " s"))]
+              fmt_value(t["prompt_s"], ".2f", " s"))]
     if assisted:
-        rows += [("drafting (later steps)", _fmt(t["drafting_s"], ".2f", " s")),
-                 ("verifying (later target passes)", f"{_fmt(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
+        rows += [("drafting (later steps)", fmt_value(t["drafting_s"], ".2f", " s")),
+                 ("verifying (later target passes)", f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
                   f" × {_ms(t['s_per_pass'])}, {t['rows_verified']} rows, {_ms(t['s_per_row'])} per row")]
     else:
         rows.append(("decoding (later target passes)",
-                     f"{_fmt(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × {_ms(t['s_per_pass'])}"))
-    rows.append(("other (bookkeeping, streaming)", _fmt(t["other_s"], ".2f", " s")))
+                     f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × {_ms(t['s_per_pass'])}"))
+    rows.append(("other (bookkeeping, streaming)", fmt_value(t["other_s"], ".2f", " s")))
     if run.get("stop_reason") == "max_time":
         rows.append(("stopped", "time limit: partial output"))
     return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)

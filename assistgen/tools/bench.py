@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ..app.render import fmt_value
+from .enginebench import set_assistant_knobs
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
 from ..engine.decoding import GenerationResult
@@ -105,11 +107,7 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
     """The same run through transformers' generate(assistant_model=...), on the same model objects."""
     import copy
     target, assistant = pair.target.model, pair.assistant.model
-    # transformers reads the assisted-generation knobs from the assistant's generation_config, and its heuristic
-    # schedule mutates num_assistant_tokens there: set them before every call.
-    assistant.generation_config.num_assistant_tokens = settings.num_assistant_tokens
-    assistant.generation_config.num_assistant_tokens_schedule = settings.schedule
-    assistant.generation_config.assistant_confidence_threshold = 0.0
+    set_assistant_knobs(assistant, settings.num_assistant_tokens, settings.schedule)
     config = copy.deepcopy(target.generation_config)  # Whisper keeps its language and task tables there
     config.update(do_sample=settings.do_sample, num_beams=1, max_new_tokens=settings.max_new_tokens,
                   eos_token_id=list(pair.target.eos_token_ids),
@@ -303,8 +301,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summary
 
 
-def _fmt(value, spec=".2f", suffix=""):
-    return "–" if value is None else f"{value:{spec}}{suffix}"
+def _dash(value, spec=".2f", suffix=""):
+    return fmt_value(value, spec, suffix, missing="–")
 
 
 def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
@@ -322,17 +320,17 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
         if s["config"] == "baseline":
             continue
         lines.append(
-            f"| {s['suite']} | {s['temperature']:g} | {s['config']} | {s['runs']} | {_fmt(s['baseline_s'])} | "
-            f"{_fmt(s['latency_s'])} | {_fmt(s['speedup'])}× ({_fmt(s['speedup_min'])}–{_fmt(s['speedup_max'])}) | "
-            f"{_fmt(s['tokens_per_pass'])} | "
-            f"{_fmt(s['acceptance_rate'], '.0%')} | {_fmt(s['cost_ratio'])} | {_fmt(s['identical_share'], '.0%')} |")
+            f"| {s['suite']} | {s['temperature']:g} | {s['config']} | {s['runs']} | {_dash(s['baseline_s'])} | "
+            f"{_dash(s['latency_s'])} | {_dash(s['speedup'])}× ({_dash(s['speedup_min'])}–{_dash(s['speedup_max'])}) | "
+            f"{_dash(s['tokens_per_pass'])} | "
+            f"{_dash(s['acceptance_rate'], '.0%')} | {_dash(s['cost_ratio'])} | {_dash(s['identical_share'], '.0%')} |")
     fl = meta.get("floor")
     if fl:
         measured = _median(s["ms_per_token"] for s in summary if s["config"] == "baseline")
         lines += ["", "## The floor", "",
                   f"Memory read bandwidth {fl['bandwidth_gb_s']} GB/s; the target reads {fl['bytes_per_token'] / 1e9:.2f}"
                   f" GB of weights per token, so no baseline can beat {fl['floor_ms_per_token']} ms/token here. "
-                  f"Measured baseline: {_fmt(measured, '.1f')} ms/token (median per-step time after the prefill)"
+                  f"Measured baseline: {_dash(measured, '.1f')} ms/token (median per-step time after the prefill)"
                   + (f", {fl['floor_ms_per_token'] / measured:.0%} of the floor's speed." if measured else ".")]
     errors = [r for r in rows if "error" in r]
     if errors:
@@ -345,9 +343,9 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
             per_item.setdefault((r["suite"], r["item"], r["temperature"], r["config"]), []).append(r)
     for (suite, item, temperature, config), group in per_item.items():
         identical = [r["identical"] for r in group if r["identical"] is not None]
-        lines.append(f"| {suite} | {item} | {temperature:g} | {config} | {_fmt(_median(r['speedup'] for r in group))}×"
-                     f" | {_fmt(_median(r.get('tokens_per_pass') for r in group))} | "
-                     f"{_fmt(sum(identical) / len(identical) if identical else None, '.0%')} |")
+        lines.append(f"| {suite} | {item} | {temperature:g} | {config} | {_dash(_median(r['speedup'] for r in group))}×"
+                     f" | {_dash(_median(r.get('tokens_per_pass') for r in group))} | "
+                     f"{_dash(sum(identical) / len(identical) if identical else None, '.0%')} |")
     return "\n".join(lines) + "\n"
 
 

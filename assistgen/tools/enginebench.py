@@ -72,17 +72,21 @@ OFFLINE_PROMPTS = [
 ]
 
 
+def set_assistant_knobs(assistant, num_assistant_tokens: int, schedule: str) -> None:
+    """transformers reads the assisted-generation knobs from the assistant's generation_config, and its heuristic
+    schedule mutates num_assistant_tokens there: set them before every call (no confidence threshold, as ours)."""
+    assistant.generation_config.num_assistant_tokens = num_assistant_tokens
+    assistant.generation_config.num_assistant_tokens_schedule = schedule
+    assistant.generation_config.assistant_confidence_threshold = 0.0
+
+
 def _transformers(workload: Workload, prompt: dict, assistant, max_new_tokens: int) -> tuple[list[int], float]:
     from transformers import GenerationConfig
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=0,
                               eos_token_id=workload.eos)
     kwargs = {}
     if assistant is not None:
-        # transformers reads the assisted-generation knobs from the assistant's generation_config, and the heuristic
-        # schedule mutates num_assistant_tokens there: reset it before every call.
-        assistant.generation_config.num_assistant_tokens = 5
-        assistant.generation_config.num_assistant_tokens_schedule = "heuristic"
-        assistant.generation_config.assistant_confidence_threshold = 0.0
+        set_assistant_knobs(assistant, 5, "heuristic")
         kwargs["assistant_model"] = assistant
     start = time.perf_counter()
     with torch.inference_mode():
