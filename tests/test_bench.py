@@ -72,7 +72,7 @@ def test_prompt_files_and_audio_folders(tmp_path):
         assert "bad.jsonl:1" in str(exc)
     else:
         raise AssertionError("a jsonl line without text was accepted")
-    clips = read_items("speech", "asr", ROOT / "bench" / "speech")
+    clips = read_items("speech", "asr", ROOT / "bench" / "inputs" / "speech")
     assert len(clips) >= 5 and all(Path(c.audio).suffix == ".wav" for c in clips)
 
 

@@ -31,9 +31,8 @@ from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
 from ..engine.decoding import GenerationResult
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
-# Built-in suites: name -> (task, prompts file or audio folder under bench/)
+# Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
           "translation": ("translation", "translation_prompts.txt"),
           "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech")}
@@ -94,11 +93,15 @@ def read_items(suite: str, task: str, source: Path, limit: int | None = None) ->
     return items[:limit] if limit else items
 
 
-def builtin_items(suite: str, limit: int | None = None) -> list[Item]:
+def builtin_items(suite: str, inputs: Path, limit: int | None = None) -> list[Item]:
+    """A built-in suite's items, read from the `inputs` folder (bench/inputs in this repository)."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     task, where = SUITES[suite]
-    return read_items(suite, task, BENCH_DIR / where, limit)
+    if not (Path(inputs) / where).exists():
+        raise ValueError(f"suite {suite!r}: {Path(inputs) / where} is missing; pass --inputs, the folder of the "
+                         "built-in suites (bench/inputs in the repository)")
+    return read_items(suite, task, Path(inputs) / where, limit)
 
 
 # --- one run --------------------------------------------------------------------------------------------------------
@@ -440,7 +443,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m assistgen bench` (the catalog is the command line's global --catalog)."""
     p.add_argument("--pair", required=True)
     p.add_argument("--suite", action="append", default=[], choices=list(SUITES),
-                   help="a built-in set under bench/ (repeatable): " + ", ".join(SUITES))
+                   help="a built-in set from --inputs (repeatable): " + ", ".join(SUITES))
+    p.add_argument("--inputs", default="bench/inputs", metavar="DIR",
+                   help="the folder of the built-in suites (default bench/inputs, from the repository root)")
     p.add_argument("--prompts", action="append", default=[], metavar="FILE",
                    help="your own prompts, .txt (one per line) or .jsonl (repeatable); with --task")
     p.add_argument("--audio-dir", action="append", default=[], metavar="DIR", help="a folder of clips (task asr)")
@@ -465,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         catalog = load_catalog(args.catalog)
         spec = catalog.pair(args.pair)
-        items = [i for suite in args.suite for i in builtin_items(suite, args.limit)]
+        items = [i for suite in args.suite for i in builtin_items(suite, Path(args.inputs), args.limit)]
         items += [i for f in args.prompts for i in read_items(Path(f).stem, args.task, Path(f), args.limit)]
         items += [i for d in args.audio_dir for i in read_items(Path(d).name, "asr", Path(d), args.limit)]
         if not items:

@@ -1,7 +1,7 @@
 """A new user's first contact, timed: prepare on a fresh cache, the app started, the page served, the first click and
 later clicks, in headless Chromium, as the README's first command leaves things.
 
-    .venv/bin/python bench/first_contact.py [--cache DIR] [--clicks 3] [--max-new-tokens 128] [--text "..."]
+    .venv/bin/python -m bench.scripts.first_contact [--cache DIR] [--clicks 3] [--max-new-tokens 128] [--text "..."]
 
 Without --cache it prepares into a fresh temporary folder (several minutes: every offline pack is converted). The
 install itself (the pip part of the first command) is timed by hand: `time` it on a clean machine. Prints a line per
@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from app_vs_cli import CHROMIUM_ARGS, ROOT, start_app  # noqa: E402
+from bench.scripts.app_vs_cli import CHROMIUM_ARGS, ROOT, start_app
 
 DEFAULT_TEXT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints."
 

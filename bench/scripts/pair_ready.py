@@ -2,7 +2,7 @@
 app imports at start-up (torch, transformers and the model classes: the app has done that before any pair loads),
 then loads the pair from the prepared cache and warms it up, as the app's preload does.
 
-    .venv/bin/python bench/pair_ready.py [--pair qwen2.5-coder-1.5b+0.5b-int8] [--runs 3]
+    .venv/bin/python -m bench.scripts.pair_ready [--pair qwen2.5-coder-1.5b+0.5b-int8] [--runs 3]
 
 Prints each run's target load, assistant load (tokenizers included), warm-up and total, then the medians. Run
 `python -m assistgen prepare` first; the page cache is warm from the second run on. A benchmark: it asserts nothing.
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 ONE_RUN = r"""
 import json, sys, time

@@ -1,7 +1,7 @@
 """Do the page's timings equal the CLI's? The running app (its page in headless Chromium, and its /compare API through
 gradio_client) against `python -m assistgen compare --json`, interleaved, on the same prompts and pair.
 
-    .venv/bin/python bench/app_vs_cli.py --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/code_prompts.txt \
+    .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
         --limit 3 --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out bench-out/app_vs_cli.json]
 
 Without --url it starts `app.py` itself on a free port and stops it at the end. Prints, per prompt and path, the
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 
@@ -85,7 +85,7 @@ def via_page(page, url: str, pair: str, text: str, max_new_tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="qwen2.5-coder-1.5b+0.5b-int8")
-    parser.add_argument("--prompts", default=str(ROOT / "bench" / "code_prompts.txt"))
+    parser.add_argument("--prompts", default=str(ROOT / "bench" / "inputs" / "code_prompts.txt"))
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--url", help="a running app; without it, app.py is started here")

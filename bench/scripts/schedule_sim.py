@@ -1,7 +1,7 @@
 """Window schedules replayed on recorded acceptance traces: a fast, repeatable way to compare schedules.
 
-    .venv/bin/python bench/schedule_sim.py record     # ~16 min: greedy outputs of the offline Qwen pair + traces
-    .venv/bin/python bench/schedule_sim.py            # replay every schedule on bench/acceptance_traces.json
+    .venv/bin/python -m bench.scripts.schedule_sim record     # ~16 min: greedy outputs of the offline Qwen pair + traces
+    .venv/bin/python -m bench.scripts.schedule_sim            # replay every schedule on bench/acceptance_traces.json
 
 A trace is, for each token of the target's greedy output, whether the assistant's own greedy prediction at that
 position (teacher-forced on the target's tokens) matches it, and each model's probability of its own greedy token
@@ -18,11 +18,11 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from assistgen.engine import schedules  # noqa: E402
-from assistgen.engine.schedules import ConstantSchedule  # noqa: E402
-TRACES = Path(__file__).with_name("acceptance_traces.json")
+from assistgen.engine import schedules
+
+ROOT = Path(__file__).resolve().parents[2]
+INPUTS = ROOT / "bench" / "inputs"
+TRACES = INPUTS / "acceptance_traces.json"
 
 # Qwen2.5-Coder 1.5B fp32 (oneDNN) forward seconds by the number of tokens it reads (1 = a plain step; k drafts are
 # verified in a pass over k + 1 tokens); the 0.5B assistant's seconds per drafted token, int8 and fp32.
@@ -98,7 +98,7 @@ def record() -> None:
     assistants = {"int8": pair.assistant.model, "fp32": pool.model(catalog.models["qwen2.5-coder-0.5b-instruct"]).model}
     traces = {}
     for suite in ("code", "chat", "translation"):
-        for item in builtin_items(suite):
+        for item in builtin_items(suite, INPUTS):
             inputs = text_inputs(pair, item.task, item.text)
             result = generate(pair.target.model, inputs, max_new_tokens=96, eos_token_id=list(pair.target.eos_token_ids))
             sequence = torch.cat([inputs["input_ids"], torch.tensor([result.new_tokens])], dim=1)
