@@ -1,5 +1,4 @@
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -13,18 +12,14 @@ sys.path.insert(0, str(ROOT))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from helpers import free_port  # noqa: E402
+
 torch.set_num_threads(1)  # tiny models: threads only add overhead
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
 def tiny_catalog_path(tmp_path_factory):
-    from tiny_catalog import build_tiny_catalog
+    from helpers import build_tiny_catalog
     return build_tiny_catalog(tmp_path_factory.mktemp("tiny-catalog"))
 
 
@@ -40,13 +35,3 @@ def tiny_app(tiny_catalog_path):
     yield demo.local_url, service
     demo.close()
 
-
-def speech_wav(path: Path, text: str = "Assisted generation makes large language models faster.",
-               rate: int = 16000, channels: int = 1, bits: int = 16) -> Path:
-    """Speech from espeak-ng, converted by sox."""
-    import subprocess
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-s", "160", "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), "-b", str(bits), str(path)], check=True)
-    raw.unlink()
-    return path

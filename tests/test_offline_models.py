@@ -7,7 +7,7 @@ from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
 from assistgen.models.loading import pair_availability
 from assistgen.comparison.tasks import asr_inputs, text_inputs
-from conftest import free_port, speech_wav
+from helpers import free_port, speech_wav
 
 pytestmark = pytest.mark.offline_models
 CHAT = "qwen2.5-coder-1.5b+0.5b-int8"  # the text tasks' default pair

@@ -28,7 +28,7 @@ from assistgen.models.loading import LoadError, load_model
 from assistgen.models.pool import ModelPool
 from assistgen.app.service import Service
 from assistgen.comparison.tasks import InputError
-from conftest import ROOT, free_port, speech_wav
+from helpers import ROOT, free_port, speech_wav
 
 ASR = {"task": "asr", "pair": "tiny-speech", "text": None}
 

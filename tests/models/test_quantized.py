@@ -2,7 +2,7 @@
 model quantized at load."""
 import torch
 
-import tiny_models as tm
+import helpers as tm
 from assistgen.models import quantized
 
 

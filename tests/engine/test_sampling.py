@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import tiny_models as tm
+import helpers as tm
 from assistgen import generate
 from assistgen.engine import drafting
 from assistgen.engine.sampling import Sampler, accept_sampled
@@ -112,7 +112,7 @@ class ConfidenceSchedule:
 
 def test_confidence_decisions_keep_speculative_sampling_exact(sampling_pair):
     """Stopping by the confidences so far is safe; withholding a sampled draft because of its own probability is
-    not, and the loop does not do it (tests/test_schedules.py checks that it does not)."""
+    not, and the loop does not do it (tests/engine/test_schedules.py checks that it does not)."""
     target, assistant, prompt = sampling_pair
     with torch.inference_mode():
         expected = _target_joint(target, prompt, 1.0, 1.0)

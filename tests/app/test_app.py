@@ -4,7 +4,7 @@ import pytest
 import soundfile as sf
 from gradio_client import Client, handle_file
 
-from conftest import speech_wav
+from helpers import speech_wav
 
 TEXT_TASKS = ["chat", "translation", "summarization"]
 

@@ -12,7 +12,7 @@ from assistgen.tools.cli import main
 from assistgen.models.catalog import load_catalog
 from assistgen.models.loading import load_model
 from assistgen.models.prepare import load_prepared
-from test_gguf import _write_tiny
+from helpers import write_tiny_gguf
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def catalog(tmp_path, monkeypatch):
     (site / "tiny_weights" / "data").mkdir(parents=True)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path / "cache"))
-    gguf = _write_tiny(site / "tiny_weights" / "data" / "tiny.gguf", "qwen2").path
+    gguf = write_tiny_gguf(site / "tiny_weights" / "data" / "tiny.gguf", "qwen2").path
     sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
     path = tmp_path / "models.yaml"
     path.write_text(f"""

@@ -4,117 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q
-from tokenizers.pre_tokenizers import ByteLevel
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from assistgen.models import gguf as conv
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-TEXT = "the thin tin is in the inn"
-
-
-def _tokens() -> list[str]:
-    return sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe", "in"] + SPECIALS
-
-
-def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's q/k row order for llama-arch GGUFs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _gguf_names(layers: int) -> dict[str, str]:
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for i in range(layers):
-        for hf, g in parts.items():
-            for suffix in ("weight", "bias"):
-                names[f"model.layers.{i}.{hf}.{suffix}"] = f"blk.{i}.{g}.{suffix}"
-    return names
-
-
-@dataclass
-class TinyGGUF:
-    path: Path
-    arch: str
-    reference: torch.nn.Module  # the original model with the weights the GGUF holds (after quantization)
-
-
-def _write_tiny(path: Path, arch: str) -> TinyGGUF:
-    tokens = _tokens()
-    common = dict(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
-                  bos_token_id=0, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    if arch == "qwen2":
-        config = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
-    else:
-        config = LlamaConfig(**common, rope_theta=1e5, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.3)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"tiny-{arch}")
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(128)
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    names = _gguf_names(2)
-    qtypes = [Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.F32]
-    state = model.state_dict()
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    for i, (hf, tensor) in enumerate(state.items()):
-        w = tensor.numpy()
-        qtype = qtypes[i % len(qtypes)] if w.ndim == 2 else Q.F32
-        stored = gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype).reshape(w.shape)
-        tensor.copy_(torch.from_numpy(stored))
-        if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
-            heads = 4 if ".q_proj." in hf else 2
-            w, stored = _permute(w, heads), _permute(stored, heads)
-        data = gguf.quants.quantize(w, qtype)
-        writer.add_tensor(names[hf], data, raw_dtype=qtype if qtype != Q.F32 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return TinyGGUF(path, arch, model)
-
+from helpers import TEXT, TinyGGUF, _tokens, write_tiny_gguf
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyGGUF:
     folder = tmp_path_factory.mktemp(f"gguf-{request.param}")
-    return _write_tiny(folder / f"tiny-{request.param}.gguf", request.param)
+    return write_tiny_gguf(folder / f"tiny-{request.param}.gguf", request.param)
 
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from assistgen.tools.bench import Item, read_items, summarize
+from assistgen.tools.bench import read_items, summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 
 def bench(catalog, out, *args):
@@ -91,7 +91,7 @@ def test_summary_medians_and_spread():
 def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
     from types import SimpleNamespace
 
-    import tiny_models as tm
+    import helpers as tm
     from assistgen.tools.bench import floor
     from assistgen.models.cpu import use_onednn_linears
     from assistgen.models.loading import _count

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-import tiny_models as tm
+import helpers as tm
 from assistgen import generate
 from assistgen.engine import schedules
 from assistgen.engine.schedules import AdaptiveSchedule, HeuristicSchedule

@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import GenerationMixin
 
-import tiny_models as tm
+import helpers as tm
 from assistgen import generate
 from assistgen.engine.drafting import Draft
 
@@ -251,7 +251,7 @@ def _text_prompt(tokenizer, text="def fibonacci(n):\n    return"):
 
 
 def test_different_tokenizer_assistant_keeps_greedy_output():
-    from tiny_catalog import permuted_tokenizer, text_tokenizer
+    from helpers import permuted_tokenizer, text_tokenizer
     tokenizer = text_tokenizer()
     other, _ = permuted_tokenizer(tokenizer, seed=3)
     target = tm.qwen2(0, vocab=320, init=0.2)
@@ -267,7 +267,7 @@ def test_different_tokenizer_assistant_keeps_greedy_output():
 def test_different_tokenizer_assistant_that_knows_the_text_is_accepted():
     """An assistant computing the same function of text as the target, through a shuffled vocabulary: its drafts,
     re-tokenized, are exactly what the target writes. Byte tokens and printable ASCII keep the round trip exact."""
-    from tiny_catalog import byte_tokenizer, non_ascii_ids, permuted_model, permuted_tokenizer
+    from helpers import byte_tokenizer, non_ascii_ids, permuted_model, permuted_tokenizer
     tokenizer = byte_tokenizer()
     other, perm = permuted_tokenizer(tokenizer, seed=3)
     target = tm.qwen2(0, vocab=len(tokenizer), init=0.2)
@@ -284,7 +284,7 @@ def test_different_tokenizer_assistant_that_knows_the_text_is_accepted():
 
 
 def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
-    from tiny_catalog import whisper_tokenizer
+    from helpers import whisper_tokenizer
     tokenizer = whisper_tokenizer()
     vocab = len(tokenizer)
     target = tm.whisper(0)

@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-import tiny_models as tm
+import helpers as tm
 from assistgen.models.catalog import load_catalog
 from assistgen.models.loading import LoadedModel, LoadError, check_pair, tokenizer_mode
 from assistgen.models.pool import ModelPool
-from tiny_catalog import text_tokenizer, whisper_tokenizer
+from helpers import text_tokenizer, whisper_tokenizer
 
 
 def test_identical_tokenizers_select_same_tokenizer_mode():

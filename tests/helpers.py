@@ -1,0 +1,361 @@
+"""What the tests share: tiny random models built in-process (seeded), a catalog of them with real tokenizer files,
+a tiny GGUF writer, and speech made with espeak-ng and sox."""
+from __future__ import annotations
+
+import copy
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import (AutoModelForCausalLM, GenerationConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, T5Config, T5ForConditionalGeneration,
+                          WhisperConfig, WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration,
+                          WhisperProcessor, WhisperTokenizerFast)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- tiny models --------------------------------------------------------------------------------------------------
+
+VOCAB = 96
+
+
+def _seeded(build, seed: int):
+    torch.manual_seed(seed)
+    model = build()
+    model.eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def qwen2(seed: int, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, init: float = 0.02,
+          eos: int | None = None) -> Qwen2ForCausalLM:
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=init, bos_token_id=None, eos_token_id=eos, pad_token_id=0,
+                         tie_word_embeddings=False)
+    return _seeded(lambda: Qwen2ForCausalLM(config), seed)
+
+
+def gpt2(seed: int, *, layers: int = 2, eos: int | None = None) -> GPT2LMHeadModel:
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=256,
+                        bos_token_id=None, eos_token_id=eos, pad_token_id=0, initializer_range=0.5)
+    return _seeded(lambda: GPT2LMHeadModel(config), seed)
+
+
+def t5(seed: int, *, layers: int = 2, eos: int | None = None) -> T5ForConditionalGeneration:
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_layers=layers, num_heads=4,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos, initializer_factor=5.0)
+    return _seeded(lambda: T5ForConditionalGeneration(config), seed)
+
+
+def _whisper_config(layers: int, eos: int | None) -> WhisperConfig:
+    return WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=layers,
+                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                         num_mel_bins=8, max_source_positions=16, max_target_positions=128,
+                         decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=eos,
+                         suppress_tokens=None, begin_suppress_tokens=None, init_std=0.5)
+
+
+def whisper(seed: int, *, layers: int = 2, eos: int | None = None) -> WhisperForConditionalGeneration:
+    model = _seeded(lambda: WhisperForConditionalGeneration(_whisper_config(layers, eos)), seed)
+    model.generation_config.eos_token_id = eos
+    return model
+
+
+def whisper_decoder_only(seed: int, *, layers: int = 1) -> WhisperForCausalLM:
+    """A distil-Whisper style assistant: a decoder that reads the target's encoder outputs."""
+    config = _whisper_config(layers, None)
+    config.is_encoder_decoder = False
+    return _seeded(lambda: WhisperForCausalLM(config), seed)
+
+
+def perturbed(model, scale: float, seed: int):
+    """A copy of `model` with noise on every weight: an assistant that agrees often, not always."""
+    torch.manual_seed(seed)
+    copy_ = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copy_.parameters():
+            p.add_(torch.randn_like(p) * scale * p.std().clamp_min(1e-3))
+    return copy_
+
+
+def decoder_inputs(seed: int, length: int = 8) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (1, length), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def whisper_inputs(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"input_features": torch.randn(1, 8, 32, generator=g),
+            "decoder_input_ids": torch.tensor([[1, 5, 7]])}
+
+
+# --- a catalog of tiny models ---------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
+          "The quick brown fox jumps over the lazy dog. Assisted generation is fast.",
+          "Translate the following text into French. Summarize the following text."] * 20
+WHISPER_SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
+                    "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>"]
+
+
+def text_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>",
+                            "<|im_start|>", "<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _save_text_model(folder: Path, seed: int, layers: int, tokenizer) -> None:
+    model = qwen2(seed, vocab=320, hidden=32, layers=layers, init=0.2,
+                     eos=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def whisper_tokenizer() -> WhisperTokenizerFast:
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(WHISPER_SPECIALS)
+    return WhisperTokenizerFast(tokenizer_object=tok, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def _save_whisper(folder: Path, seed: int, layers: int) -> None:
+    tokenizer = whisper_tokenizer()
+    eot, sot = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|startoftranscript|>"])
+    config = WhisperConfig(vocab_size=len(tokenizer), num_mel_bins=80, d_model=16, encoder_layers=1,
+                           decoder_layers=layers, encoder_attention_heads=2, decoder_attention_heads=2,
+                           encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=1500,
+                           max_target_positions=64, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+                           decoder_start_token_id=sot, init_std=0.5)
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot,
+                                               lang_to_id={"<|en|>": tokenizer.convert_tokens_to_ids("<|en|>")},
+                                               is_multilingual=True)
+    model.save_pretrained(folder)
+    WhisperProcessor(WhisperFeatureExtractor(feature_size=80), tokenizer).save_pretrained(folder)
+
+
+def build_tiny_catalog(root: Path) -> Path:
+    """models.yaml with a tiny text pair, a tiny speech pair and a pair whose weights are missing."""
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = text_tokenizer()
+    _save_text_model(root / "text-target", 0, 2, tokenizer)
+    _save_text_model(root / "text-assistant", 1, 1, tokenizer)
+    _save_whisper(root / "speech-target", 0, 2)
+    _save_whisper(root / "speech-assistant", 1, 1)
+    catalog = root / "models.yaml"
+    catalog.write_text(f"""
+models:
+  tiny-text-target: {{local: {root / 'text-target'}, dtype: float32}}
+  tiny-text-assistant: {{local: {root / 'text-assistant'}, dtype: float32}}
+  tiny-speech-target: {{local: {root / 'speech-target'}, dtype: float32}}
+  tiny-speech-assistant: {{local: {root / 'speech-assistant'}, dtype: float32}}
+  missing: {{local: {root / 'not-there'}}}
+pairs:
+  - name: tiny-text
+    tasks: [chat, translation, summarization]
+    target: tiny-text-target
+    assistant: tiny-text-assistant
+    prompt_style: chat_template
+    defaults: {{max_new_tokens: 24}}
+  - name: tiny-speech
+    tasks: [asr]
+    target: tiny-speech-target
+    assistant: tiny-speech-assistant
+    prompt_style: asr
+    defaults: {{max_new_tokens: 16}}
+  - name: tiny-missing
+    tasks: [chat]
+    target: missing
+    assistant: tiny-text-assistant
+    prompt_style: chat_template
+""")
+    return catalog
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level, no merges: every token sequence of printable ASCII decodes and re-encodes to itself."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def non_ascii_ids(tokenizer) -> list[int]:
+    """Ids of every token that is not one printable ASCII character."""
+    def printable(i: int) -> bool:
+        text = tokenizer.decode([i])
+        return len(text) == 1 and 32 <= ord(text) < 127 and i not in tokenizer.all_special_ids
+    return [i for i in tokenizer.get_vocab().values() if not printable(i)]
+
+
+def permuted_tokenizer(tokenizer: PreTrainedTokenizerFast, seed: int):
+    """The same tokenizer with its token ids shuffled: a different vocabulary mapping for the same text pieces.
+
+    Returns (tokenizer, perm) with perm[old_id] = new_id.
+    """
+    import json
+    import random
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    ids = sorted(vocab.values())
+    shuffled = ids[:]
+    random.Random(seed).shuffle(shuffled)
+    perm = dict(zip(ids, shuffled))
+    spec["model"]["vocab"] = {piece: perm[i] for piece, i in vocab.items()}
+    for added in spec["added_tokens"]:
+        added["id"] = perm.setdefault(added["id"], added["id"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
+    fast.chat_template = tokenizer.chat_template
+    return fast, perm
+
+
+def permuted_model(model, perm: dict[int, int]):
+    """`model` re-indexed so that token old_id lives at perm[old_id]: the same function of text."""
+    import copy
+    clone = copy.deepcopy(model)
+    index = torch.arange(model.config.vocab_size)
+    for old, new in perm.items():
+        index[new] = old
+    with torch.no_grad():
+        clone.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight[index])
+        clone.get_output_embeddings().weight.copy_(model.get_output_embeddings().weight[index])
+    return clone
+
+
+# --- a tiny GGUF file -----------------------------------------------------------------------------------------------
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEXT = "the thin tin is in the inn"
+
+
+def _tokens() -> list[str]:
+    return sorted(ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe", "in"] + SPECIALS
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order for llama-arch GGUFs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_names(layers: int) -> dict[str, str]:
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    parts = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(layers):
+        for hf, g in parts.items():
+            for suffix in ("weight", "bias"):
+                names[f"model.layers.{i}.{hf}.{suffix}"] = f"blk.{i}.{g}.{suffix}"
+    return names
+
+
+@dataclass
+class TinyGGUF:
+    path: Path
+    arch: str
+    reference: torch.nn.Module  # the original model with the weights the GGUF holds (after quantization)
+
+
+def write_tiny_gguf(path: Path, arch: str) -> TinyGGUF:
+    tokens = _tokens()
+    common = dict(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  bos_token_id=0, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    if arch == "qwen2":
+        config = Qwen2Config(**common, rope_theta=1e6, tie_word_embeddings=False)
+    else:
+        config = LlamaConfig(**common, rope_theta=1e5, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.3)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    names = _gguf_names(2)
+    qtypes = [Q.Q8_0, Q.Q5_0, Q.Q4_1, Q.F32]
+    state = model.state_dict()
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    for i, (hf, tensor) in enumerate(state.items()):
+        w = tensor.numpy()
+        qtype = qtypes[i % len(qtypes)] if w.ndim == 2 else Q.F32
+        stored = gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype).reshape(w.shape)
+        tensor.copy_(torch.from_numpy(stored))
+        if arch == "llama" and (".q_proj." in hf or ".k_proj." in hf):
+            heads = 4 if ".q_proj." in hf else 2
+            w, stored = _permute(w, heads), _permute(stored, heads)
+        data = gguf.quants.quantize(w, qtype)
+        writer.add_tensor(names[hf], data, raw_dtype=qtype if qtype != Q.F32 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return TinyGGUF(path, arch, model)
+
+
+# --- the app's plumbing: a free port, speech -----------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def speech_wav(path: Path, text: str = "Assisted generation makes large language models faster.",
+               rate: int = 16000, channels: int = 1, bits: int = 16) -> Path:
+    """Speech from espeak-ng, converted by sox."""
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-s", "160", "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), "-b", str(bits), str(path)], check=True)
+    raw.unlink()
+    return path
