@@ -97,7 +97,7 @@ def _handlers(service: Service):
 
 def _settings_section(first_defaults: tuple[int, str]) -> tuple:
     """The Settings accordion: max new tokens, temperature, window, draft source, schedule."""
-    with gr.Accordion("Settings", open=False):
+    with gr.Accordion("Settings", open=False, elem_id="settings"):
         with gr.Row():
             max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="max new tokens",
                                        elem_id="max-new-tokens")

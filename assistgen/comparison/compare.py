@@ -5,12 +5,11 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from ..engine.decoding import GenerationResult, Step, generate
 from ..models.loading import LoadedPair
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
-from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from .tasks import decode
-
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from .schedules import WindowSchedule, make_schedule
 @dataclass(frozen=True)
 class Step:
     """One target forward pass."""
-    candidates: list[int] # drafts the target verified (empty for a plain decoding step; see withheld)
+    candidates: list[int]  # drafts the target verified (empty for a plain decoding step; see withheld)
     accepted: int        # how many of them were kept: emitted[:accepted] == candidates[:accepted]
     emitted: list[int]   # tokens appended: the accepted candidates, then the target's own token (unless an accepted
                          # candidate was EOS, where the step ends)
@@ -115,7 +115,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     prefix = decoder_prefix(model, inputs)
     eos = eos_token_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
-    source = candidate_generator or draft_source(
+    source = candidate_generator if candidate_generator is not None else draft_source(
         model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
     schedule = (make_schedule(num_assistant_tokens_schedule, prompt_lookup_num_tokens or num_assistant_tokens)

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from ..app.render import fmt_value
-from .enginebench import set_assistant_knobs
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
 from ..engine.decoding import GenerationResult
+from .enginebench import set_assistant_knobs
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)

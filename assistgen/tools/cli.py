@@ -5,9 +5,9 @@ import argparse
 import json
 import sys
 
-from ..models.catalog import CatalogError, load_catalog
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
 from ..comparison.tasks import LANGUAGES
+from ..models.catalog import CatalogError, load_catalog
 from .terminal import CliError, load_pair, progress_bar
 
 

@@ -67,7 +67,7 @@ def via_page(page, url: str, pair: str, text: str, max_new_tokens: int) -> dict:
     if page.locator("#pair-chat input").input_value() != pair:
         page.locator("#pair-chat input").fill(pair)
         page.locator("#pair-chat input").press("Enter")
-    page.get_by_text("Settings").first.click()
+    page.locator("#settings").get_by_text("Settings", exact=True).click()  # the accordion, not the footer's Settings
     number = page.locator("#max-new-tokens input[type=number]")
     number.fill(str(max_new_tokens))
     number.press("Enter")

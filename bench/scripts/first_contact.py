@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"page loaded in the browser: {time.perf_counter() - started:.1f} s after starting app.py",
                   flush=True)
             if args.max_new_tokens != 128:
-                page.get_by_text("Settings").first.click()
+                page.locator("#settings").get_by_text("Settings", exact=True).click()  # the accordion, not the footer's Settings
                 number = page.locator("#max-new-tokens input[type=number]")
                 number.wait_for(timeout=300_000)  # the page renders slowly while the preload holds both cores
                 number.fill(str(args.max_new_tokens))
