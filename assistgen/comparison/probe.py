@@ -13,12 +13,11 @@ around them span, and the probes among themselves only past `PROBE_SPREAD`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from ..engine.decoding import GenerationResult, decoder_prefix
+from ..engine.decoding import GenerationResult, decoder_prefix, synchronized_clock
 from ..engine.kv import CachedDecoder
 
 TOLERANCE = 0.15   # a run whose passes moved by more than this against the probes around it is reported
@@ -55,11 +54,12 @@ class SpeedProbe:
         """Seconds of the fastest of `REPEATS` passes over `rows` tokens after the prompt (the cache is cropped back
         each time, so every pass has the same shape)."""
         tokens = self._prefix + [self._token] * rows
+        clock = synchronized_clock(self._decoder.device)
         times = []
         for _ in range(REPEATS):
-            started = time.perf_counter()
+            started = clock()
             self._decoder.logits(tokens, keep=rows)
-            times.append(time.perf_counter() - started)
+            times.append(clock() - started)
         return min(times)
 
 

@@ -56,6 +56,18 @@ class GenerationResult:
         return len(self.new_tokens) / self.latency_s if self.latency_s > 0 else 0.0
 
 
+def synchronized_clock(device: torch.device) -> Callable[[], float]:
+    """``time.perf_counter``, read once the device has finished the work queued so far: CUDA runs asynchronously, so
+    a timer read without synchronizing would time the queueing, not the work."""
+    if torch.device(device).type != "cuda":
+        return time.perf_counter
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return clock
+
+
 def decoder_prefix(model, inputs: dict) -> list[int]:
     """The token sequence generation continues: the prompt, or an encoder-decoder model's forced decoder prefix."""
     if model.config.is_encoder_decoder:
@@ -111,7 +123,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if candidate_generator is not None and (assistant_model is not None or prompt_lookup_num_tokens > 0):
         raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
-    started = time.perf_counter()
+    started = synchronized_clock(model.device)()
     prefix = decoder_prefix(model, inputs)
     eos = eos_token_ids(model, eos_token_id)
     target = CachedDecoder(model, inputs, prefix_length=len(prefix))
@@ -136,15 +148,16 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
                        started: float | None = None, stop_reason: str = "max_new_tokens") -> GenerationResult:
     """The loop: draft, verify in one target pass, keep the agreeing prefix and the target's own token, repeat until
     EOS, `budget` new tokens, or `max_time_s`. With no draft source every step is one plain decoding step."""
-    started = time.perf_counter() if started is None else started
-    setup_s = time.perf_counter() - started
+    clock = synchronized_clock(target.device)
+    started = clock() if started is None else started
+    setup_s = clock() - started
     tokens, new_tokens, steps = list(prefix), [], []
     while len(new_tokens) < budget:
         # 1. Draft: never more candidates than the budget has room for beyond the target's own token. The schedule
         #    may stop drafting early, judged by the draft model's confidence so far, and with greedy drafts withhold
         #    the last few from verification. Sampled drafts are all verified: withholding one because of its own
         #    probability would bias the output (a draft's fate may depend only on the drafts before it).
-        t0 = time.perf_counter()
+        t0 = clock()
         window = schedule.window if source is not None else 0
         k = min(window, budget - len(new_tokens) - 1)
         draft = source.get_candidates(tokens, k, sampler, schedule.keep_drafting) if k > 0 else Draft([])
@@ -152,7 +165,7 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
         if sampler is None and draft.confidences is not None:
             verify = schedule.verify_count(draft.confidences)
         candidates = draft.tokens[:min(k, verify)]
-        t1 = time.perf_counter()
+        t1 = clock()
         # 2. Verify: one target pass scores every candidate position and the one after them.
         logits = target.logits(tokens + candidates, keep=len(candidates) + 1)
         if sampler is None:
@@ -168,7 +181,7 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
                 break
         tokens += emitted
         new_tokens += emitted
-        step = Step(candidates, accepted, emitted, window, t1 - t0, time.perf_counter() - t1,
+        step = Step(candidates, accepted, emitted, window, t1 - t0, clock() - t1,
                     len(draft.tokens) - len(candidates))
         steps.append(step)
         schedule.update(len(candidates), accepted, step.draft_s, step.verify_s, draft.confidences)
@@ -176,8 +189,8 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
             on_step(step)
         if stop_reason == "eos":
             break
-        if max_time_s is not None and time.perf_counter() - started > max_time_s and len(new_tokens) < budget:
+        if max_time_s is not None and clock() - started > max_time_s and len(new_tokens) < budget:
             stop_reason = "max_time"
             break
     return GenerationResult(new_tokens, steps, target.passes, source.passes if source is not None else 0,
-                            time.perf_counter() - started, stop_reason, setup_s)
+                            clock() - started, stop_reason, setup_s)

@@ -28,7 +28,7 @@ import torch
 from ..app.render import fmt_value
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
-from ..engine.decoding import GenerationResult
+from ..engine.decoding import GenerationResult, synchronized_clock
 from .enginebench import set_assistant_knobs
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -129,10 +129,11 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
         prefix = inputs["input_ids"][0].tolist()
         model_inputs = inputs
     torch.manual_seed(settings.seed)
-    start = time.perf_counter()
+    clock = synchronized_clock(target.device)
+    start = clock()
     with torch.inference_mode():
         out = target.generate(**model_inputs, generation_config=config, **kwargs)
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     sequence = out[0].tolist()
     return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
-from ..engine.decoding import generate
+from ..engine.decoding import generate, synchronized_clock
 
 
 @dataclass
@@ -88,10 +87,11 @@ def _transformers(workload: Workload, prompt: dict, assistant, max_new_tokens: i
     if assistant is not None:
         set_assistant_knobs(assistant, 5, "heuristic")
         kwargs["assistant_model"] = assistant
-    start = time.perf_counter()
+    clock = synchronized_clock(workload.target.device)
+    start = clock()
     with torch.inference_mode():
         out = workload.target.generate(**prompt, generation_config=config, **kwargs)
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     return out[0, prompt["input_ids"].shape[1]:].tolist(), elapsed
 
 
