@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ class ModelSpec:
     dtype: str = "auto"
     quantization: str = "none"
     device_map: str | None = None
-    offload_folder: str | None = None
+    max_memory: tuple[tuple[str, str], ...] = ()   # accelerate's cap per device, e.g. (("cpu", "2GiB"),)
+    offload_folder: str | None = None              # in the assistgen cache: where weights over the cap go
     eos_token_ids: tuple[int, ...] = ()
     decoder_only: bool = False      # load only the decoder (a distil-Whisper assistant sharing the target's encoder)
 
@@ -149,8 +151,8 @@ def _pack(path: Path, name: str, raw: Any) -> Pack:
 def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec:
     where = _Where(path, f"model {name!r}")
     raw = where.mapping(raw)
-    where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "offload_folder", "eos_token_ids",
-                                           "decoder_only"})
+    where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "max_memory", "offload_folder",
+                                           "eos_token_ids", "decoder_only"})
     sources = [s for s in SOURCES if s in raw]
     if len(sources) != 1:
         raise where.error(None, f"needs exactly one source key out of {', '.join(SOURCES)}; found {sources or 'none'}")
@@ -158,6 +160,12 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     location = where.get(raw, source, str)
     if source == "pack" and location not in packs:
         raise where.error("pack", f"no pack named {location!r} (packs: {', '.join(packs) or 'none'})")
+    max_memory = where.mapping(raw.get("max_memory", {}), "max_memory")
+    for device, size in max_memory.items():
+        if not isinstance(size, str) or not re.fullmatch(r"\d+(\.\d+)?\s*[KMGT]i?B", size):
+            raise where.error("max_memory", f"{device}: expected a size such as '2GiB' or '500MB', got {size!r}")
+    if max_memory and not raw.get("device_map"):
+        raise where.error("max_memory", "a memory cap needs device_map (e.g. device_map: auto)")
     eos = where.get(raw, "eos_token_ids", list, default=[])
     if not all(isinstance(e, int) and e >= 0 for e in eos):
         raise where.error("eos_token_ids", f"expected a list of token ids, got {eos!r}")
@@ -165,6 +173,7 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
                      dtype=where.get(raw, "dtype", str, default="auto", choices=DTYPES),
                      quantization=where.get(raw, "quantization", str, default="none", choices=QUANTIZATIONS),
                      device_map=where.get(raw, "device_map", str, default=None),
+                     max_memory=tuple((str(device), size) for device, size in max_memory.items()),
                      offload_folder=where.get(raw, "offload_folder", str, default=None),
                      eos_token_ids=tuple(eos), decoder_only=where.get(raw, "decoder_only", bool, default=False))
 

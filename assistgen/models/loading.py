@@ -160,9 +160,15 @@ def _shared_tokenizer(folder: Path, auto) -> Any:
 
 
 def _count(model) -> tuple[int, int]:
-    params = list(model.parameters())
-    unique = {p.data_ptr(): p for p in params}.values()  # tied weights once
-    return sum(p.numel() for p in unique), sum(p.numel() * p.element_size() for p in unique)
+    """(parameters, bytes held in memory): tied weights once, weights offloaded to disk not held."""
+    unique = {(p.device, p.data_ptr()) if p.device.type != "meta" else id(p): p for p in model.parameters()}.values()
+    return (sum(p.numel() for p in unique),
+            sum(p.numel() * p.element_size() for p in unique if p.device.type != "meta"))
+
+
+def offloaded(model) -> bool:
+    """Whether accelerate placed part of the model on disk (its weights are read back at every pass)."""
+    return "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
 
 
 def _bnb_config(quantization: str, device: torch.device):
@@ -311,22 +317,36 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
         kwargs["quantization_config"] = _bnb_config(spec.quantization, device)
     if spec.device_map:
         kwargs["device_map"] = spec.device_map
+        if spec.max_memory:
+            kwargs["max_memory"] = dict(spec.max_memory)
         if spec.offload_folder:
-            kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder)
+            kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder / spec.name)
     auto = _auto_class(spec, config)
     if spec.quantization == "dynamic_int8" and device.type != "cpu":
         raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
 
     def float_model():
-        if spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit"):
+        if (spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit")
+                and not spec.device_map):
             from .gguf import load_cached
             return load_cached(Path(folder), dtype, tokenizer=False)[0]
-        return auto.from_pretrained(folder, **kwargs)
+        if not spec.decoder_only:
+            return auto.from_pretrained(folder, **kwargs)
+        from transformers.utils import logging as hf_logging
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()   # the checkpoint's encoder is left unread on purpose: no report about it
+        try:
+            return auto.from_pretrained(folder, **kwargs)
+        finally:
+            hf_logging.set_verbosity(level)
 
     if spec.quantization == "dynamic_int8":
         model = _dynamic_int8(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
     else:
         model = float_model()
+    if (getattr(model, "hf_device_map", None) or {}).get("") == "disk":   # accelerate cannot run a model wholly on disk
+        raise LoadError(f"{spec.name}: its max_memory cap ({dict(spec.max_memory)}) leaves no layer in memory; raise "
+                        "it in models.yaml")
     processor = None
     if config.model_type == "whisper":
         processor = AutoProcessor.from_pretrained(folder)
@@ -358,9 +378,13 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         progress(0.8, f"{spec.name}: loading weights")
         model, tokenizer, processor = _model_and_tokenizer(spec, folder, device, dtype, progress)
         params, nbytes = _count(model)
+        onednn = dtype == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"
         if device.type == "cpu" and spec.quantization == "none":
-            from .cpu import materialize
-            materialize(model, onednn=dtype == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
+            from .cpu import materialize, onednn_for_offloaded
+            if not offloaded(model):
+                materialize(model, onednn=onednn)
+            elif onednn:
+                onednn_for_offloaded(model)
     except LoadError as exc:
         _failures[spec.name] = str(exc)
         raise
