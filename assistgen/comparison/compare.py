@@ -101,16 +101,15 @@ class Comparison:
         return cost_ratio(self.baseline, self.assisted)
 
     def identical_note(self) -> str:
+        """What "identical" means for this run, and whether it held."""
         if self.settings.do_sample:
             return ("sampling (temperature > 0): the two runs draw different random tokens by design; speculative "
                     "sampling keeps the assisted output's distribution equal to the target's")
-        dtype = str(self.pair.target.model.dtype).removeprefix("torch.")
+        numerics = target_numerics(self.pair)
+        caveat = rounding_caveat(self.pair)
         if self.identical:
-            return f"identical to baseline, token for token ({dtype})"
-        if dtype in ("float16", "bfloat16"):
-            return (f"differs from baseline: in {dtype}, verifying several tokens at once rounds differently from "
-                    "one-token steps, which can flip a near-tie")
-        return "differs from baseline"
+            return f"identical to baseline, token for token ({numerics})" + (f"; {caveat}" if caveat else "")
+        return f"differs from baseline ({numerics})" + (f": {caveat}" if caveat else "")
 
     def to_dict(self) -> dict:
         """The one JSON object that `python -m assistgen compare --json` prints and the /compare API returns."""
@@ -144,6 +143,27 @@ class Comparison:
         if self.stability is not None:
             warnings += self.stability.warnings
         return warnings
+
+
+def target_numerics(pair: LoadedPair) -> str:
+    """The target's dtype, and its quantization when bitsandbytes runs it."""
+    dtype = str(pair.target.model.dtype).removeprefix("torch.")
+    quantization = pair.target.spec.quantization
+    return f"{dtype}, bitsandbytes {quantization}" if quantization in ("int8", "4bit") else dtype
+
+
+def rounding_caveat(pair: LoadedPair) -> str | None:
+    """Why greedy assisted output may differ from the baseline with this target, or None where it is exact in
+    practice (float32: a verification pass and one-token steps compute each position's logits alike, to the last
+    few bits, which only an exact tie could turn)."""
+    dtype = str(pair.target.model.dtype).removeprefix("torch.")
+    if pair.target.spec.quantization in ("int8", "4bit"):
+        return ("bitsandbytes quantizes activations as each pass runs, so a pass over several tokens can round a "
+                "near-tie differently from one-token steps, and the two outputs may then differ")
+    if dtype in ("float16", "bfloat16"):
+        return (f"in {dtype}, verifying several tokens at once rounds differently from one-token steps, so a near-tie "
+                "can go the other way and the two outputs may then differ")
+    return None
 
 
 def cost_ratio(baseline: GenerationResult, assisted: GenerationResult) -> float | None:
