@@ -35,3 +35,10 @@ def tiny_app(tiny_catalog_path):
     yield demo.local_url, service
     demo.close()
 
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory):
+    """A Hugging Face cache, in the hub's own layout, of small stand-ins for every hub model of models.yaml."""
+    from hub_cache import build_hub_cache
+    return build_hub_cache(tmp_path_factory.mktemp("hf-hub-cache"))

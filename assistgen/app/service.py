@@ -14,8 +14,9 @@ from ..comparison.audio import load_audio, max_audio_seconds
 from ..models.catalog import Catalog
 from ..choices import TASKS
 from ..comparison.compare import Comparison, Settings, compare, warm_up
-from ..models.loading import LoadError, LoadedPair, pair_availability
+from ..models.loading import LoadError, LoadedPair, default_device, pair_availability
 from ..models.pool import ModelPool
+from ..models.sizing import pair_fit
 from .streaming import Snapshot, stream
 from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, asr_inputs, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
@@ -35,16 +36,21 @@ class Service:
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
-        """(label, pair name) for a task's dropdown, availability in the label."""
+        """(label, pair name) for a task's dropdown: a pair that is unavailable, or whose weights exceed the memory
+        budget, says so in its label."""
         choices = []
         for pair in self.catalog.pairs_for(task):
             ok, why = pair_availability(pair, self.catalog)
-            choices.append((pair.name if ok else f"{pair.name} (unavailable: {why})", pair.name))
+            if not ok:
+                choices.append((f"{pair.name} (unavailable: {why})", pair.name))
+                continue
+            fits, size = pair_fit(pair, self.catalog, self.pool.budget_bytes, default_device())
+            choices.append((pair.name if fits else f"{pair.name} ({size})", pair.name))
         return choices
 
     @staticmethod
     def default_pair(choices: list[tuple[str, str]]) -> str | None:
-        """The first available pair among a dropdown's choices."""
+        """The first pair among a dropdown's choices that is available and fits the memory budget."""
         return next((name for label, name in choices if label == name), None)
 
     def default_pairs(self) -> list[str]:

@@ -1,0 +1,121 @@
+"""Every hub pair of models.yaml, proven without the hub: small random stand-ins saved under the catalog's exact repo
+ids in a Hugging Face cache of the hub's own layout (tests/hub_cache.py), run offline (HF_HUB_OFFLINE=1) through the
+CLI and the /compare API, as a user whose cache already holds those models runs them. The page runs them in
+tests/app/test_space.py, in a simulated Space."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from assistgen.models.catalog import load_catalog
+from helpers import ROOT, free_port, speech_wav
+from hub_cache import HUB_PAIRS
+
+CATALOG = load_catalog()
+HUB = [pair for pair in CATALOG.pairs if pair.target.source == "hub"]
+
+
+@pytest.fixture
+def offline_hub(hub_cache, monkeypatch):
+    """This process reads the stand-in cache as its Hugging Face cache, offline."""
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return hub_cache
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    return speech_wav(tmp_path_factory.mktemp("speech") / "clip.wav")
+
+
+def task_args(pair, speech) -> list[str]:
+    task = pair.tasks[0]
+    return ["--task", task] + (["--audio", str(speech)] if task == "asr" else ["--text", "The quick brown fox"])
+
+
+def test_the_stand_ins_cover_every_hub_model_of_the_catalog():
+    ids = {repo for pair in HUB_PAIRS for repo in pair}
+    assert {(p.target.location, p.assistant.location) for p in HUB} == set(HUB_PAIRS)
+    assert {spec.location for spec in CATALOG.models.values() if spec.source == "hub"} <= ids
+    assert len(HUB) == 5
+
+
+def cli(*args, env):
+    return subprocess.run([sys.executable, "-m", "assistgen", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+def test_every_hub_pair_is_available_offline_from_the_cache_and_says_why_without_it(hub_cache, tmp_path):
+    rows = {row["pair"]: row for row in json.loads(cli("models", "--json", env={
+        "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}).stdout)}
+    for pair in HUB:
+        assert rows[pair.name]["available"], rows[pair.name]
+    empty = {row["pair"]: row for row in json.loads(cli("models", "--json", env={
+        "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}).stdout)}
+    for pair in HUB:
+        assert not empty[pair.name]["available"]
+        assert "HF_HUB_OFFLINE=1" in empty[pair.name]["reason"] and "not in the local cache" in empty[pair.name]["reason"]
+
+
+@pytest.mark.parametrize("pair", HUB, ids=[p.name for p in HUB])
+def test_every_hub_pair_runs_baseline_and_assisted_identically_through_the_cli(offline_hub, pair, speech, capsys):
+    from assistgen.tools.cli import main
+    assert main(["compare", "--pair", pair.name, *task_args(pair, speech), "--max-new-tokens", "12", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["identical"] is True, result["identical_note"]
+    assert result["mode"] == "same-tokenizer"
+    assert result["baseline"]["new_tokens"] >= 1 and result["assisted"]["assistant_passes"] >= 1
+    if pair.tasks == ("asr",):
+        # distil-Whisper's stand-in decoder is the target's own: every draft is accepted only if, loaded
+        # decoder-only, it reads the target's encoder output
+        assert result["assisted"]["acceptance_rate"] == 1.0
+
+
+def test_distil_whisper_loads_decoder_only_and_shares_the_targets_encoder(offline_hub):
+    from assistgen.models.pool import ModelPool
+    pair = ModelPool(CATALOG).pair("whisper-large-v3+distil-large-v3")
+    assert type(pair.assistant.model).__name__ == "WhisperForCausalLM"
+    assert not any("encoder" in name.split(".") for name, _ in pair.assistant.model.named_parameters())
+    assert pair.target.model.config.num_mel_bins == 128 and pair.target.processor.feature_extractor.feature_size == 128
+
+
+def test_every_hub_pair_runs_through_the_compare_api(offline_hub, speech):
+    import app
+    from gradio_client import Client, handle_file
+
+    from assistgen.app.service import Service
+    service = Service(CATALOG)
+    demo = app.build_demo(service)
+    app.queue_and_launch(demo, prevent_thread_lock=True, server_port=free_port(), quiet=True)
+    try:
+        client = Client(demo.local_url, verbose=False)
+        for pair in HUB:
+            asr = pair.tasks == ("asr",)
+            result = client.predict(task=pair.tasks[0], pair=pair.name, text=None if asr else "The quick brown fox",
+                                    audio=handle_file(str(speech)) if asr else None, max_new_tokens=10,
+                                    temperature=0, draft_source="assistant", api_name="/compare")
+            assert result["pair"] == pair.name and result["identical"] is True, result["identical_note"]
+            assert result["assisted"]["target_passes"] >= 1
+    finally:
+        demo.close()
+
+
+def test_a_pair_over_the_memory_budget_is_offered_but_never_the_default(offline_hub):
+    from assistgen.app.service import Service
+    from assistgen.models.pool import ModelPool
+    from assistgen.models.sizing import load_bytes
+    import torch
+    opt = CATALOG.pair("opt-6.7b+125m")
+    need = load_bytes(opt.target, CATALOG, torch.device("cpu")) + load_bytes(opt.assistant, CATALOG,
+                                                                             torch.device("cpu"))
+    qwen = CATALOG.pair("qwen2.5-1.5b+0.5b")
+    qwen_need = sum(load_bytes(m, CATALOG, torch.device("cpu")) for m in (qwen.target, qwen.assistant))
+    assert qwen_need < need    # the stand-ins keep their ordering by size where it matters here
+    service = Service(CATALOG, ModelPool(CATALOG, budget_bytes=(need + qwen_need) // 2))
+    labels = dict((name, label) for label, name in service.pair_choices("chat"))
+    assert "more than the" in labels["opt-6.7b+125m"] and "ASSISTGEN_MEMORY_BUDGET_GB" in labels["opt-6.7b+125m"]
+    assert labels["qwen2.5-1.5b+0.5b"] == "qwen2.5-1.5b+0.5b"
