@@ -7,8 +7,9 @@ from collections import OrderedDict
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec, PairSpec
-from .loading import LoadedModel, LoadedPair, Progress, check_pair
+from .loading import LoadedModel, LoadedPair, Progress, check_pair, default_device
 from .prepare import load_prepared
+from .sizing import load_bytes
 
 DEFAULT_BUDGET_GB = 14.0
 
@@ -60,7 +61,10 @@ class ModelPool:
                 if spec.name in self._models:
                     self._models.move_to_end(spec.name)
                     return self._models[spec.name]
-            self._evict(self._sizes.get(spec.name, 0), keep | {spec.name})
+            # make room first, for the size seen at an earlier load or read from the weights' headers: evicting
+            # only afterwards would hold both at once (a 16 GB Space could not)
+            need = self._sizes.get(spec.name) or load_bytes(spec, self.catalog, default_device()) or 0
+            self._evict(need, keep | {spec.name})
             loaded = self._loader(spec, self.catalog, progress=progress)
             with self._lock:
                 self._models[spec.name] = loaded

@@ -77,7 +77,9 @@ class FakeLoader:
 
 
 @pytest.fixture
-def catalog(tiny_catalog_path):
+def catalog(tiny_catalog_path, monkeypatch):
+    from assistgen.models import pool as pool_module
+    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, catalog, device: None)  # sizes: the loader's
     return load_catalog(tiny_catalog_path)
 
 
@@ -126,3 +128,22 @@ def test_pool_reports_progress_for_a_pair(catalog):
     assert [m for _, m in seen] == ["tiny-text-target: ready", "tiny-text-assistant: ready"]
     assert seen[-1][0] == pytest.approx(1.0)
     assert pair.mode == "same-tokenizer"
+
+
+def test_pool_makes_room_before_a_first_load_by_the_size_its_headers_give(catalog, monkeypatch):
+    from assistgen.models import pool as pool_module
+    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, catalog, device: {"tiny-speech-target": 70}.get(
+        spec.name))
+    seen = {}
+    loader = FakeLoader({"tiny-text-target": 40, "tiny-text-assistant": 20, "tiny-speech-target": 70})
+    pool = ModelPool(catalog, budget_bytes=100, loader=loader)
+
+    def load(spec, catalog, progress=None):
+        seen[spec.name] = pool.resident()   # what is held while this model loads
+        return loader(spec, catalog, progress)
+    pool._loader = load
+    pool.model(catalog.models["tiny-text-target"])
+    pool.model(catalog.models["tiny-text-assistant"])
+    pool.model(catalog.models["tiny-speech-target"])
+    # the least recently used went first, before the load: 60 held + 70 would not fit in 100, 20 + 70 does
+    assert seen["tiny-speech-target"] == ["tiny-text-assistant"]
