@@ -8,15 +8,22 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def progress_bar():
-    """A tqdm bar on stderr and the `report(fraction, message)` callback that drives it."""
+def progress_bar(min_interval_s: float = 0.5):
+    """A tqdm bar on stderr and the `report(fraction, message)` callback that drives it, redrawn at most every
+    `min_interval_s` (a conversion reports every tensor: thousands of lines in a log that is not a terminal)."""
+    import time
+
     from tqdm import tqdm
     bar = tqdm(total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}%", leave=False)
+    last = [0.0]
 
     def report(fraction: float, message: str) -> None:
-        bar.set_description(message[:60])
+        bar.set_description(message[:60], refresh=False)
         bar.n = round(100 * fraction)
-        bar.refresh()
+        now = time.monotonic()
+        if now - last[0] >= min_interval_s or fraction >= 1.0:
+            last[0] = now
+            bar.refresh()
     return bar, report
 
 
