@@ -14,6 +14,8 @@ from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAM
 from assistgen.app.render import CSS, LEGEND, LiveView  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
+from assistgen.comparison.audio import duration_text  # noqa: E402
+from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
 from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,9 +72,9 @@ def _handlers(service: Service):
                 settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
                                             draft_source=draft_source, num_assistant_tokens=window,
                                             schedule=schedule)
-                kwargs = {"audio": content} if task == "asr" else {"text": content}
-                for snap in service.stream(task, pair, target_language=language or "French", settings=settings,
-                                           **kwargs):
+                kwargs = ({"audio": content, "language": language} if task == "asr" else
+                          {"text": content, "target_language": language or "French"})
+                for snap in service.stream(task, pair, settings=settings, **kwargs):
                     if snap.phase == "loading":
                         progress(snap.fraction, desc=snap.message)
                     yield _outputs_list(view.outputs(snap), OUTPUT_KEYS)
@@ -82,14 +84,17 @@ def _handlers(service: Service):
 
     def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
                     temperature: float, draft_source: str, schedule: str | None = None,
-                    num_assistant_tokens: float | None = None) -> dict:
+                    num_assistant_tokens: float | None = None, language: str | None = None,
+                    target_language: str | None = None) -> dict:
         """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
-        --json`. schedule and num_assistant_tokens default to the pair's own (models.yaml)."""
+        --json`. schedule and num_assistant_tokens default to the pair's own (models.yaml); language (speech) to
+        auto-detection; target_language (translation) to French."""
         try:
             settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
                                         draft_source=draft_source or "assistant", schedule=schedule or None,
                                         num_assistant_tokens=num_assistant_tokens)
-            return service.run(task, pair, text=text, audio=audio, settings=settings).to_dict()
+            return service.run(task, pair, text=text, audio=audio, settings=settings, language=language or None,
+                               target_language=target_language or "French").to_dict()
         except Exception as exc:
             raise _as_gradio_error(exc) from None
     return make_handler, api_compare
@@ -122,13 +127,18 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, window, 
                 queue=False)
     if task == "asr":
         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
-                           label=f"speech (up to {service.max_audio_seconds:.0f} s)", elem_id="input-asr")
+                           label=f"speech (up to {duration_text(service.max_audio_seconds)}; a recording longer than "
+                                 "30 s is transcribed in windows)", elem_id="input-asr")
     else:
         content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
                              placeholder={"chat": "Ask something, or paste code to complete…",
                                           "translation": "Text to translate…",
                                           "summarization": "Text to summarize…"}[task])
-    language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into", visible=task == "translation")
+    if task == "asr":
+        language = gr.Dropdown(spoken_language_choices(), value="auto", label="spoken language",
+                               elem_id="language-asr")
+    else:
+        language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into", visible=task == "translation")
     with gr.Row():
         button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
         rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
@@ -163,7 +173,8 @@ def _api_endpoint(api_compare) -> None:
         api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
                       gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
                       gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
-                      gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None)]
+                      gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None),
+                      gr.Textbox(label="language", value=""), gr.Textbox(label="target_language", value="")]
         api_button = gr.Button("api")
         api_out = gr.JSON()
     api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare", concurrency_id="model",

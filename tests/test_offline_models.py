@@ -6,7 +6,8 @@ import pytest
 from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
 from assistgen.models.loading import pair_availability
-from assistgen.comparison.tasks import asr_inputs, text_inputs
+from assistgen.comparison.speech import asr_inputs
+from assistgen.comparison.tasks import text_inputs
 from helpers import free_port, speech_wav
 
 pytestmark = pytest.mark.offline_models

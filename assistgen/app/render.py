@@ -105,6 +105,31 @@ def explanation(result: dict) -> str:
     return text
 
 
+def language_text(result: dict) -> str | None:
+    """Speech: the language transcribed, and how it was chosen."""
+    language = result.get("language")
+    if not language:
+        return None
+    how = (f"detected by the target (p = {language['probability']:.2f})" if language["detected"]
+           else "as chosen")
+    return f"Language: {language['code']}, {how}."
+
+
+def windows_text(result: dict) -> str | None:
+    """A long recording: how many windows, and the runs' seconds per window."""
+    windows = result.get("windows")
+    if not windows or len(windows) < 2:
+        return None
+    lengths = [w["end_s"] - w["start_s"] for w in windows]
+
+    def spread(run: str) -> str:
+        seconds = [w[run]["latency_s"] for w in windows]
+        return f"{min(seconds):.2f}–{max(seconds):.2f} s"
+    return (f"{len(windows)} windows of {min(lengths):.0f}–{max(lengths):.0f} s, cut at pauses; per window the "
+            f"baseline took {spread('baseline')} and assisted generation {spread('assisted')} (every window's "
+            "figures are in the JSON).")
+
+
 def summary_html(result: dict) -> str:
     identical = result["identical"]
     stability = result.get("stability") or {}
@@ -124,6 +149,9 @@ def summary_html(result: dict) -> str:
               f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix. A fixed target "
               "pass was timed before, between and after them"
               + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
+    for line in (language_text(result), windows_text(result)):
+        if line:
+            parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")
     for warning in result.get("warnings", []):
         parts.append(f"<div class='ag-note'><b>Note:</b> {html.escape(warning)}</div>")
     if result["mode"] == "different-tokenizer":

@@ -18,7 +18,8 @@ from ..models.loading import LoadError, LoadedPair, default_device, pair_availab
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit
 from .streaming import Snapshot, stream
-from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, asr_inputs, text_inputs
+from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
+from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
 
 
@@ -74,8 +75,12 @@ class Service:
         return request_settings(known_pair(self.catalog, pair_name), max_time_s=self.max_time_s, **values)
 
     def stream(self, task: str, pair_name: str, *, text: str | None = None, audio: str | None = None,
-               target_language: str = "French", settings: Settings) -> Iterator[Snapshot]:
-        """Validate, load (with progress), run baseline then assisted; yield snapshots as steps arrive."""
+               target_language: str = "French", language: str | None = None,
+               settings: Settings) -> Iterator[Snapshot]:
+        """Validate, load (with progress), run baseline then assisted; yield snapshots as steps arrive.
+
+        Speech: `language` is a code the target knows, or None / "auto" to let the target detect it; a recording
+        longer than 30 s runs window by window."""
         check_request(self.catalog, task, pair_name)
         samples = None
         if task == "asr":
@@ -90,13 +95,21 @@ class Service:
             try:
                 with self._lock:
                     pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
-                    inputs = asr_inputs(pair, samples) if task == "asr" else text_inputs(
-                        pair, task, text, target_language=target_language, max_input_tokens=self.max_input_tokens)
+                    spoken = None
+                    if task == "asr":
+                        spoken = self.speech_language(pair, samples, language)
+                        emit("language", spoken)
+                        inputs = speech_windows(pair, samples, language=spoken["code"])
+                    else:
+                        inputs = text_inputs(pair, task, text, target_language=target_language,
+                                             max_input_tokens=self.max_input_tokens)
                     emit("pair", pair)
                     return compare(pair, task, inputs, settings,
                                    on_baseline_step=lambda step: emit("baseline", step),
                                    on_assisted_step=lambda step: emit("assisted", step),
-                                   on_phase=lambda name: emit("phase", name))
+                                   on_phase=lambda name: emit("phase", name),
+                                   on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
+                                   language=spoken)
             except InputError as exc:
                 raise UserError(str(exc)) from None
             except LoadError as exc:
@@ -105,6 +118,19 @@ class Service:
                 raise UserError("the server ran out of memory; try a shorter input or fewer max_new_tokens") from None
 
         yield from stream(work, self.update_interval_s)
+
+    @staticmethod
+    def speech_language(pair: LoadedPair, samples, language: str | None) -> dict:
+        """The language to transcribe in: the one asked for (checked against the target's), or the target's own
+        detection over the first 30 s."""
+        if language in (None, "", "auto"):
+            code, probability = detect_language(pair, samples)
+            return {"code": code, "detected": True, "probability": round(probability, 3)}
+        known = languages(pair.target.model)
+        if language not in known:
+            raise UserError(f"{pair.target.spec.name} does not know the language {language!r}; pick auto-detect or "
+                            f"one of {', '.join(known)}")
+        return {"code": language, "detected": False, "probability": None}
 
     def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
         """The whole comparison, without streaming (CLI-like API use)."""

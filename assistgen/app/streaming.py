@@ -26,6 +26,7 @@ class Snapshot:
     baseline_tokens: list[int] = field(default_factory=list)
     assisted_steps: list = field(default_factory=list)
     comparison: Comparison | None = None
+    language: dict | None = None                # speech: the language transcribed, and whether it was detected
 
 
 def apply(state: Snapshot, kind: str, payload) -> None:
@@ -40,6 +41,15 @@ def apply(state: Snapshot, kind: str, payload) -> None:
         state.baseline_tokens.extend(payload.emitted)
     elif kind == "assisted":
         state.assisted_steps.append(payload)
+    elif kind == "window":
+        run, index, total, start, end = payload
+        if total > 1:
+            state.message = (f"{run} running: window {index + 1} of {total} ({start:.0f}–{end:.0f} s)"
+                             + (" (baseline finished)" if run == "assisted" else ""))
+    elif kind == "language":
+        state.language = payload
+        state.message = (f"language: {payload['code']}"
+                         + (f" (detected, p = {payload['probability']:.2f})" if payload["detected"] else ""))
     elif kind == "done":
         state.phase, state.message, state.comparison = "done", "done", payload
 

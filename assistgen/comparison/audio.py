@@ -8,13 +8,21 @@ import numpy as np
 
 from .tasks import SAMPLE_RATE, InputError
 
-DEFAULT_MAX_SECONDS = 30.0
+DEFAULT_MAX_SECONDS = 600.0   # ten minutes, transcribed in windows of 30 s
 MIN_SECONDS = 0.1
 SILENCE_PEAK = 1e-4
 
 
 def max_audio_seconds() -> float:
     return float(os.environ.get("ASSISTGEN_MAX_AUDIO_SECONDS", DEFAULT_MAX_SECONDS))
+
+
+def duration_text(seconds: float) -> str:
+    """A length as a person says it: '45 s', '10 min', '2 min 30 s'."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
 
 
 def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
@@ -33,7 +41,8 @@ def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = No
         raise InputError(f"{path.name!r} is not audio this app can decode; use WAV, FLAC, OGG or MP3") from None
     duration = info.frames / info.samplerate if info.samplerate and info.frames > 0 else None
     if duration is not None and duration > max_seconds:
-        raise InputError(f"the clip is {duration:.1f} s long; the limit is {max_seconds:.0f} s: trim it")
+        raise InputError(f"the recording is {duration_text(duration)} long; the limit is {duration_text(max_seconds)} "
+                         "(ASSISTGEN_MAX_AUDIO_SECONDS): trim it or split it")
     try:
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=int((max_seconds + 1) * info.samplerate))
     except Exception:
@@ -47,7 +56,7 @@ def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = No
     mono = samples.mean(axis=1)
     seconds = len(mono) / rate
     if seconds > max_seconds:  # formats whose header does not state a length
-        raise InputError(f"the clip is longer than the {max_seconds:.0f} s limit: trim it")
+        raise InputError(f"the recording is longer than the {duration_text(max_seconds)} limit: trim it or split it")
     if seconds < MIN_SECONDS:
         raise InputError(f"the clip is {seconds * 1000:.0f} ms long; record at least {MIN_SECONDS:.1f} s of speech")
     if not np.isfinite(mono).all() or float(np.abs(mono).max()) < SILENCE_PEAK:

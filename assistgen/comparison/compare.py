@@ -6,9 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
-from ..engine.decoding import GenerationResult, Step, generate
+from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..models.loading import LoadedPair
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
+from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
 
 
@@ -55,7 +56,8 @@ def time_breakdown(result: GenerationResult) -> dict:
     (target passes); other: what is left (bookkeeping, streaming callbacks; the assistant's prompt pass and first
     draft are in the first step's).
     """
-    first, later = result.steps[:1], result.steps[1:]
+    first = [result.steps[i] for i in result.prompt_steps if i < len(result.steps)]
+    later = result.later_steps
     prompt = sum(s.draft_s + s.verify_s for s in first)
     drafted = result.assistant_passes or any(s.candidates or s.withheld for s in result.steps)
     drafting = sum(s.draft_s for s in later) if drafted else 0.0   # without drafts, it is the loop's bookkeeping
@@ -87,6 +89,9 @@ class Comparison:
     baseline_text: str
     assisted_text: str
     stability: Stability | None = None   # the speed probes around the runs; None when they were not taken
+    language: dict | None = None         # speech: {"code": ..., "detected": bool, "probability": ...}
+    windows: list[tuple[float, float]] | None = None   # a long recording's windows, (start, end) in seconds
+    drafting_off: str | None = None      # why the assistant did not draft (the assisted run decoded plainly)
 
     @property
     def speedup(self) -> float:
@@ -129,12 +134,20 @@ class Comparison:
             "cost_ratio": None if c is None else round(c, 4),
             "stability": None if self.stability is None else self.stability.to_dict(),
             "warnings": self.warnings(), "mode_reason": self.pair.mode_reason,
+            "language": self.language, "windows": self.window_figures(),
         }
 
+    def window_figures(self) -> list[dict] | None:
+        """Each window of a long recording: where it lies and what each run did in it."""
+        if self.windows is None:
+            return None
+        return [{"start_s": round(start, 2), "end_s": round(end, 2), "baseline": b, "assisted": a}
+                for (start, end), b, a in zip(self.windows, self.baseline.windows, self.assisted.windows)]
+
     def warnings(self) -> list[str]:
-        """The pair's warnings, one for runs the time limit cut short, and the speed probes' when the machine's
-        speed moved during the comparison."""
-        warnings = list(self.pair.warnings)
+        """The pair's warnings, why drafting was off, one for runs the time limit cut short, and the speed probes'
+        when the machine's speed moved during the comparison."""
+        warnings = list(self.pair.warnings) + ([self.drafting_off] if self.drafting_off else [])
         cut = [name for name, run in (("baseline", self.baseline), ("assisted", self.assisted))
                if run.stop_reason == "max_time"]
         if cut:
@@ -172,14 +185,21 @@ def cost_ratio(baseline: GenerationResult, assisted: GenerationResult) -> float 
     if not drafting or not assisted.assistant_passes:
         return None
     per_assistant_pass = sum(s.draft_s for s in drafting) / assisted.assistant_passes
-    per_target_pass = statistics.median(s.verify_s for s in baseline.steps[1:] or baseline.steps)
+    per_target_pass = statistics.median(s.verify_s for s in baseline.later_steps or baseline.steps)
     return per_assistant_pass / per_target_pass if per_target_pass > 0 else None
 
 
-def run_generation(pair: LoadedPair, inputs: dict, settings: Settings, *, draft_source: str | None = None,
-                   on_step: Callable[[Step], None] | None = None) -> GenerationResult:
+Inputs = dict | list[SpeechWindow]   # one prompt or clip, or a recording's windows
+
+
+def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draft_source: str | None = None,
+                   on_step: Callable[[Step], None] | None = None,
+                   on_window: Callable[[int, SpeechWindow], None] | None = None) -> GenerationResult:
     """One run of one configuration: the baseline (`draft_source` None), or assisted generation with drafts from
-    "assistant" (the pair's own) or "prompt_lookup". compare and bench both run through here."""
+    "assistant" (the pair's own) or "prompt_lookup". compare and bench both run through here.
+
+    A recording's windows run one after the other (`on_window` hears each as it begins), each with the settings'
+    token budget and time limit, and come back as one run (`engine.decoding.joined`)."""
     kwargs = {}
     if draft_source == "assistant":
         kwargs["assistant_model"] = pair.assistant.model
@@ -189,11 +209,39 @@ def run_generation(pair: LoadedPair, inputs: dict, settings: Settings, *, draft_
         kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
     elif draft_source is not None:
         raise ValueError(f"draft_source must be assistant, prompt_lookup or None, got {draft_source!r}")
-    return generate(pair.target.model, inputs, max_new_tokens=settings.max_new_tokens,
-                    do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
-                    seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
-                    num_assistant_tokens_schedule=settings.schedule, eos_token_id=list(pair.target.eos_token_ids),
-                    on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
+
+    def one(model_inputs: dict) -> GenerationResult:
+        return generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
+                        do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
+                        seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
+                        num_assistant_tokens_schedule=settings.schedule, eos_token_id=list(pair.target.eos_token_ids),
+                        on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
+    if isinstance(inputs, dict):
+        return one(inputs)
+    results = []
+    for i, window in enumerate(inputs):
+        if on_window is not None:
+            on_window(i, window)
+        results.append(one(window.inputs))
+    return joined(results)
+
+
+def first_inputs(inputs: Inputs) -> dict:
+    """The model inputs of a single input, or of a recording's first window."""
+    return inputs if isinstance(inputs, dict) else inputs[0].inputs
+
+
+def drafting_off_reason(pair: LoadedPair, task: str, inputs: Inputs) -> str | None:
+    """Why the pair's assistant cannot help with this input, or None: an English-only Whisper assistant on speech in
+    another language would draft English words, all rejected, and slow the run down."""
+    if task != "asr" or pair.assistant is None or not pair.assistant_usable:
+        return None
+    language = window_language(pair, first_inputs(inputs))
+    if language in languages(pair.assistant.model):
+        return None
+    return (f"drafting is off: the assistant {pair.assistant.spec.name} knows only "
+            f"{', '.join(languages(pair.assistant.model))} and this speech is in {language!r}, so its drafts would all "
+            "be rejected; the assisted run decodes as the baseline does")
 
 
 WARM_UP_TOKENS = 1
@@ -219,37 +267,51 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
         pair.assistant.warm = True
 
 
-def compare(pair: LoadedPair, task: str, inputs: dict, settings: Settings, *,
+def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
             on_baseline_step: Callable[[Step], None] | None = None,
             on_assisted_step: Callable[[Step], None] | None = None,
-            on_phase: Callable[[str], None] | None = None) -> Comparison:
+            on_phase: Callable[[str], None] | None = None,
+            on_window: Callable[[str, int, int, SpeechWindow], None] | None = None,
+            language: dict | None = None) -> Comparison:
     """Run the baseline, then assisted generation, one after the other (never concurrently: timings would mix),
     bracketed by a speed probe before, between and after, so that a machine whose speed moved is reported.
 
-    `on_phase` hears "warm-up", "probe", "baseline", "probe", "assisted", "probe" as each begins.
+    `inputs` is one input, or a long recording's windows (each run goes through all of them). `on_phase` hears
+    "warm-up", "probe", "baseline", "probe", "assisted", "probe" as each begins; `on_window` hears ("baseline" or
+    "assisted", index, count, window) as each window begins. `language` (speech: the code, and whether it was
+    detected) is reported as given.
     """
     settings.validate()
     phase = on_phase or (lambda name: None)
-    draft_source = settings.draft_source
+    window = on_window or (lambda run, index, total, w: None)
+    draft_source, off = settings.draft_source, drafting_off_reason(pair, task, inputs)
     if draft_source == "assistant" and not pair.assistant_usable:
         draft_source = "prompt_lookup"  # the pair's reason is in pair.mode_reason and shown to the user
+    if draft_source == "assistant" and off is not None:
+        draft_source = None
+    first = first_inputs(inputs)
+    total = 1 if isinstance(inputs, dict) else len(inputs)
     phase("warm-up")
-    warm_up(pair, inputs)
+    warm_up(pair, first)
     phase("probe")
     if pair.probe is None:
-        pair.probe = SpeedProbe(pair.target.model, inputs)
+        pair.probe = SpeedProbe(pair.target.model, first)
     probe = pair.probe
     before = probe.pass_s()
     phase("baseline")
-    baseline = run_generation(pair, inputs, settings, on_step=on_baseline_step)
+    baseline = run_generation(pair, inputs, settings, on_step=on_baseline_step,
+                              on_window=lambda i, w: window("baseline", i, total, w))
     phase("probe")
     between = probe.pass_s()
     phase("assisted")
-    assisted = run_generation(pair, inputs, settings, draft_source=draft_source, on_step=on_assisted_step)
+    assisted = run_generation(pair, inputs, settings, draft_source=draft_source, on_step=on_assisted_step,
+                              on_window=lambda i, w: window("assisted", i, total, w))
     phase("probe")
     after = probe.pass_s()
     rows = rows_to_probe(assisted)   # None when no check could use it: no passes spent on it
     rows_s = None if rows is None else probe.pass_s(rows)
     stability = judge({"before": before, "between": between, "after": after}, baseline, assisted, rows_s)
-    return Comparison(pair, task, settings, draft_source, baseline, assisted,
-                      decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability)
+    spans = None if isinstance(inputs, dict) else [(w.start_s, w.end_s) for w in inputs]
+    return Comparison(pair, task, settings, draft_source or "none", baseline, assisted,
+                      decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability,
+                      language=language, windows=spans, drafting_off=off)

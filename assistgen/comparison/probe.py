@@ -36,15 +36,15 @@ def lower_quartile(values: list[float]) -> float:
 class SpeedProbe:
     """Times a target pass of a fixed shape: `rows` copies of one fixed token fed after a fixed prompt.
 
-    Built once per loaded pair, from the first request's input (a decoder-only prompt cut to `PROMPT_TOKENS`, so a
+    Built once per loaded pair, from the first request's input (a decoder-only prompt cut to `prompt_tokens`, so a
     long prompt does not make the probe long; an encoder runs once, here), and kept: every later probe has the same
-    shape.
+    shape. The benchmark's verify(k) curve keeps the whole prompt (`prompt_tokens=None`), for a realistic context.
     """
 
-    def __init__(self, model, inputs: dict):
+    def __init__(self, model, inputs: dict, *, prompt_tokens: int | None = PROMPT_TOKENS):
         prefix = decoder_prefix(model, inputs)
-        if not model.config.is_encoder_decoder:
-            prefix = prefix[:PROMPT_TOKENS]
+        if not model.config.is_encoder_decoder and prompt_tokens is not None:
+            prefix = prefix[:prompt_tokens]
             inputs = {"input_ids": torch.tensor([prefix])}
         self._decoder = CachedDecoder(model, inputs, prefix_length=len(prefix))
         self._prefix = prefix
@@ -98,7 +98,7 @@ def modal_rows(result: GenerationResult) -> tuple[int | None, list[float]]:
     """The most common number of rows the target verified per pass (the prompt pass excluded), and those passes'
     seconds."""
     by_rows: dict[int, list[float]] = {}
-    for step in result.steps[1:]:
+    for step in result.later_steps:
         by_rows.setdefault(len(step.candidates) + 1, []).append(step.verify_s)
     if not by_rows:
         return None, []
@@ -129,7 +129,7 @@ def judge(probe_s: dict[str, float], baseline: GenerationResult, assisted: Gener
             f"the machine's speed moved during this comparison: the same target pass took {before * 1000:.1f} ms "
             f"before the baseline, {between * 1000:.1f} ms between the runs and {after * 1000:.1f} ms after the "
             f"assisted run ({slowest / fastest - 1:.0%} apart), so the speedup is not reliable; run it again")
-    plain = [s.verify_s for s in baseline.steps[1:]]
+    plain = [s.verify_s for s in baseline.later_steps]
     baseline_pass = lower_quartile(plain) if len(plain) >= MIN_PASSES else None
     low, high = min(before, between), max(before, between)
     if baseline_pass is not None and _outside(baseline_pass, low, high):

@@ -1,7 +1,6 @@
-"""From a user's text or audio to model inputs, per task and prompt style; and from tokens back to text."""
+"""From a user's text to model inputs, per task and prompt style; and from tokens back to text (speech inputs:
+`speech`)."""
 from __future__ import annotations
-
-import numpy as np
 
 from ..models.loading import LoadedPair
 
@@ -50,23 +49,6 @@ def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str 
     if n > max_input_tokens:
         raise InputError(f"the text is {n:,} tokens; the limit is {max_input_tokens:,}: shorten it")
     return {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
-
-
-def asr_inputs(pair: LoadedPair, audio: np.ndarray, *, language: str = "en") -> dict:
-    """Log-mel features of 16 kHz mono audio, and Whisper's forced decoder prefix (start, language, task)."""
-    processor = pair.target.processor
-    features = processor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-    tokenizer = pair.target.tokenizer
-    prefix = ["<|startoftranscript|>"]
-    if pair.target.model.generation_config.is_multilingual or getattr(
-            pair.target.model.generation_config, "lang_to_id", None):
-        prefix += [f"<|{language}|>", "<|transcribe|>"]
-    prefix.append("<|notimestamps|>")
-    ids = tokenizer.convert_tokens_to_ids(prefix)
-    if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
-        raise InputError(f"this Whisper model has no language token for {language!r}")
-    import torch
-    return {"input_features": features.to(pair.target.model.dtype), "decoder_input_ids": torch.tensor([ids])}
 
 
 def decode(pair: LoadedPair, tokens: list[int]) -> str:

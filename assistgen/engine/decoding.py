@@ -40,6 +40,8 @@ class GenerationResult:
     latency_s: float
     stop_reason: str = "max_new_tokens"   # "eos", "max_new_tokens", "max_length" or "max_time"
     setup_s: float = 0.0                  # before the first step: encoders (Whisper's), KV caches, draft source
+    prompt_steps: tuple[int, ...] = (0,)  # the steps that read a prompt: the first, or each window's first (joined)
+    windows: list[dict] | None = None     # per window of a joined run: its own figures
 
     @property
     def tokens_per_pass(self) -> float:
@@ -54,6 +56,29 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return len(self.new_tokens) / self.latency_s if self.latency_s > 0 else 0.0
+
+    @property
+    def later_steps(self) -> list[Step]:
+        """The steps after a prompt's: the steady decoding the per-pass figures describe."""
+        prompts = set(self.prompt_steps)
+        return [step for i, step in enumerate(self.steps) if i not in prompts]
+
+
+def joined(results: list[GenerationResult]) -> GenerationResult:
+    """Runs over consecutive windows of one input (a long recording), as one run: tokens, steps, passes and seconds
+    added up, each window's first step marked as a prompt step, each window's own figures in `windows`."""
+    steps, starts = [], []
+    for result in results:
+        starts.append(len(steps))
+        steps += result.steps
+    stops = [r.stop_reason for r in results]
+    return GenerationResult(
+        [t for r in results for t in r.new_tokens], steps, sum(r.target_passes for r in results),
+        sum(r.assistant_passes for r in results), sum(r.latency_s for r in results),
+        "max_time" if "max_time" in stops else stops[-1], sum(r.setup_s for r in results), tuple(starts),
+        [{"latency_s": round(r.latency_s, 4), "new_tokens": len(r.new_tokens), "target_passes": r.target_passes,
+          "assistant_passes": r.assistant_passes, "tokens_per_pass": round(r.tokens_per_pass, 3),
+          "stop_reason": r.stop_reason} for r in results])
 
 
 def synchronized_clock(device: torch.device) -> Callable[[], float]:

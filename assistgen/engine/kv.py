@@ -29,8 +29,9 @@ class CachedDecoder:
     encoder-decoder ones, then generated tokens). The cache is cropped back to the longest prefix it shares with that
     sequence and only the rest is fed, so rejected draft tokens disappear without any bookkeeping by the caller.
 
-    The encoder of an encoder-decoder model runs once, here. A decoder-only Whisper (``WhisperForCausalLM``, the
-    distil-Whisper assistant layout) takes another model's ``encoder_outputs`` instead.
+    The encoder of an encoder-decoder model runs once, here, unless its ``encoder_outputs`` are given (an assistant
+    whose encoder ran on part of the input). A decoder-only Whisper (``WhisperForCausalLM``, the distil-Whisper
+    assistant layout) takes another model's ``encoder_outputs``.
     """
 
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None):
@@ -47,7 +48,8 @@ class CachedDecoder:
             accepted = inspect.signature(encoder.forward).parameters
             enc_inputs = {k: v.to(self.device) for k, v in inputs.items()
                           if k in accepted and k != "decoder_input_ids" and isinstance(v, torch.Tensor)}
-            self.encoder_outputs = encoder(**enc_inputs, return_dict=True)
+            self.encoder_outputs = (encoder_outputs if encoder_outputs is not None
+                                    else encoder(**enc_inputs, return_dict=True))
             self._extra["encoder_outputs"] = self.encoder_outputs
             if "attention_mask" in enc_inputs and "input_ids" in enc_inputs:
                 self._extra["attention_mask"] = enc_inputs["attention_mask"]

@@ -4,13 +4,14 @@
         --temperatures 0,0.7 --schedules heuristic,adaptive --repeats 2 --peer --out results/
 
 Every item (prompt or clip) runs its baseline once per repeat and temperature, then each assisted configuration
-(draft source x schedule) and, with --peer, transformers' own ``generate(assistant_model=...)``. Each assisted run's
-speedup is taken against the baseline run of the same item, repeat and temperature; the order of the runs rotates
-from one item to the next, so drift on a shared machine hits every configuration alike.
+(draft source x schedule; without --schedules, the pair's own default from models.yaml, as the app runs it) and,
+with --peer, transformers' own ``generate(assistant_model=...)``. Each assisted run's speedup is taken against the
+baseline run of the same item, repeat and temperature; the order of the runs rotates from one item to the next, so
+drift on a shared machine hits every configuration alike. Several --pair run side by side, item by item, and every
+run is also set against the first pair's baseline. --verify-curve times verify(k) for each target.
 
 Writes results.json (every run and the summary), results.md (tables) and PNG plots into --out, and runs.jsonl
-line by line while it runs. Timings are figures
-to read, never asserts.
+line by line while it runs. Timings are figures to read, never asserts.
 """
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ from pathlib import Path
 
 import torch
 
-from ..app.render import fmt_value
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
-from ..comparison.compare import Settings, cost_ratio, run_generation, warm_up
+from ..comparison.compare import Settings, cost_ratio, first_inputs, run_generation, time_breakdown, warm_up
+from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
 from .enginebench import set_assistant_knobs
+from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
+from .report import markdown, plots, summarize
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
@@ -124,7 +127,7 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
         prefix = inputs["decoder_input_ids"][0].tolist()
         model_inputs = {"input_features": inputs["input_features"]}
         if getattr(config, "lang_to_id", None) and getattr(config, "task_to_id", None):
-            kwargs.update(language="en", task="transcribe")
+            kwargs.update(language=window_language(pair, inputs), task="transcribe")
     else:
         prefix = inputs["input_ids"][0].tolist()
         model_inputs = inputs
@@ -138,10 +141,12 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
     return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 
 
-def run_once(pair, inputs: dict, settings: Settings, config: Config) -> dict:
-    if config.engine == "transformers":
-        tokens, latency = _peer(pair, inputs, settings)
-        return {"tokens": tokens, "latency_s": latency, "result": None}
+def run_once(pair, inputs, settings: Settings, config: Config) -> dict:
+    if config.engine == "transformers":   # a recording's windows one after the other, as ours
+        runs = [_peer(pair, window, settings) for window in
+                ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
+        return {"tokens": [t for tokens, _ in runs for t in tokens], "latency_s": sum(s for _, s in runs),
+                "result": None}
     result = run_generation(pair, inputs, settings, draft_source=config.draft_source)
     return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result}
 
@@ -150,62 +155,41 @@ def _without_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in eos else tokens
 
 
-def _row(item: Item, repeat: int, temperature: float, config: Config, run: dict, baseline: dict,
-         eos: set[int]) -> dict:
+def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run: dict, baseline: dict,
+         reference: dict | None) -> dict:
     result: GenerationResult | None = run["result"]
     # transformers' Whisper leaves the final end-of-text token out of what it returns: compare without it
+    eos = set(pair.target.eos_token_ids)
     identical = _without_eos(run["tokens"], eos) == _without_eos(baseline["tokens"], eos)
-    row = {"suite": item.suite, "task": item.task, "item": item.name, "repeat": repeat, "temperature": temperature,
-           "config": config.label, "engine": config.engine, "draft_source": config.draft_source,
-           "schedule": config.schedule, "latency_s": round(run["latency_s"], 4), "new_tokens": len(run["tokens"]),
-           "baseline_latency_s": round(baseline["latency_s"], 4),
+    row = {"pair": pair.spec.name, "suite": item.suite, "task": item.task, "item": item.name, "repeat": repeat,
+           "temperature": temperature, "config": config.label, "engine": config.engine,
+           "draft_source": config.draft_source, "schedule": config.schedule, "latency_s": round(run["latency_s"], 4),
+           "new_tokens": len(run["tokens"]), "baseline_latency_s": round(baseline["latency_s"], 4),
            "speedup": round(baseline["latency_s"] / run["latency_s"], 4) if run["latency_s"] > 0 else None,
            "identical": identical if temperature == 0 else None}
+    if reference is not None and run["latency_s"] > 0:   # the first pair's baseline on this item
+        row["reference_speedup"] = round(reference["latency_s"] / run["latency_s"], 4)
     if result is not None:
+        t = time_breakdown(result)
         row.update(target_passes=result.target_passes, tokens_per_pass=round(result.tokens_per_pass, 3),
                    acceptance_rate=None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
                    emitted_per_pass=[len(s.emitted) for s in result.steps],
-                   windows=[s.window for s in result.steps])
+                   windows=[s.window for s in result.steps], prompt_s=t["prompt_s"], drafting_s=t["drafting_s"],
+                   verifying_s=t["verifying_s"], s_per_pass=t["s_per_pass"])
     if result is not None and config is not BASELINE:
         c = cost_ratio(baseline["result"], result)
         row.update(cost_ratio=None if c is None else round(c, 4))
     if config is BASELINE:
-        steps = result.steps[1:]  # after the prefill: the steady per-token cost
+        steps = result.later_steps  # after the prefill: the steady per-token cost
         row["ms_per_token"] = round(1000 * statistics.median(s.verify_s for s in steps), 2) if steps else None
     return row
 
 
-# --- the floor ------------------------------------------------------------------------------------------------------
-
-def memory_bandwidth_gb_s(megabytes: int = 1024, repeats: int = 7) -> float:
-    """Read bandwidth: the best of `repeats` sums over a tensor far larger than any cache. Decoding reads each
-    weight once per token and writes almost nothing, so reading is what bounds it."""
-    data = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - start)
-    return data.numel() * 4 / best / 1e9
-
-
-def floor(pair, bandwidth_gb_s: float) -> dict:
-    """The fastest possible baseline: every weight read once per token, at the machine's read bandwidth."""
-    model = pair.target.model
-    weight_bytes = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
-    # The embedding lookup reads one row per token, not the table (unless the output layer shares it).
-    embeddings = model.get_input_embeddings()
-    output = model.get_output_embeddings()
-    tied = output is not None and getattr(output, "weight", None) is embeddings.weight
-    if embeddings is not None and not tied:
-        weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
-    return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),
-            "floor_ms_per_token": round(1000 * weight_bytes / (bandwidth_gb_s * 1e9), 2)}
-
-
 # --- the loop -------------------------------------------------------------------------------------------------------
 
-def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool) -> list[Config]:
+def configs_for(pair, draft_sources: list[str], schedules: list[str] | None, peer: bool) -> list[Config]:
+    """The baseline, then each draft source with each schedule (the pair's own when `schedules` is None)."""
+    schedules = schedules or [pair.spec.schedule]
     configs = [BASELINE]
     for source in draft_sources:
         if source == "assistant" and not pair.assistant_usable:
@@ -218,204 +202,63 @@ def configs_for(pair, draft_sources: list[str], schedules: list[str], peer: bool
     return configs
 
 
-def run_bench(pair, items: list[Item], *, temperatures: list[float], draft_sources: list[str], schedules: list[str],
-              repeats: int, max_new_tokens: int, num_assistant_tokens: int = 5, peer: bool = False,
-              progress=None, log=None) -> list[dict]:
+def model_inputs(pair, item: Item):
+    """An item's inputs: a prompt, or a recording's windows in the language the target detects in it."""
     from ..comparison.audio import load_audio
-    from ..comparison.tasks import asr_inputs, text_inputs
-    prepared = []
-    for item in items:
-        inputs = (asr_inputs(pair, load_audio(item.audio)) if item.task == "asr" else
-                  text_inputs(pair, item.task, item.text, target_language=item.target_language))
-        prepared.append((item, inputs))
-    warm_up(pair, prepared[0][1])
+    from ..comparison.speech import detect_language, speech_windows
+    from ..comparison.tasks import text_inputs
+    if item.task == "asr":
+        samples = load_audio(item.audio)
+        return speech_windows(pair, samples, language=detect_language(pair, samples)[0])
+    return text_inputs(pair, item.task, item.text, target_language=item.target_language)
+
+
+def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str],
+              schedules: list[str] | None, repeats: int, max_new_tokens: int, num_assistant_tokens: int | None = None,
+              peer: bool = False, progress=None, log=None) -> list[dict]:
+    """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
+    per run."""
+    pairs = pairs if isinstance(pairs, (list, tuple)) else [pairs]
+    prepared = [(item, [model_inputs(pair, item) for pair in pairs]) for item in items]
+    for i, pair in enumerate(pairs):
+        warm_up(pair, first_inputs(prepared[0][1][i]))
     plan = [(repeat, temperature, item, inputs) for repeat in range(repeats) for temperature in temperatures
             for item, inputs in prepared]
-    configs = configs_for(pair, draft_sources, schedules, peer)
-    total = len(plan) * len(configs)
+    configs = [configs_for(pair, draft_sources, schedules, peer) for pair in pairs]
+    total = len(plan) * sum(len(c) for c in configs)
     rows, done = [], 0
     for n, (repeat, temperature, item, inputs) in enumerate(plan):
-        order = configs[n % len(configs):] + configs[:n % len(configs)]
-        runs: dict[Config, dict] = {}
-        for config in order:
-            settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, seed=repeat,
-                                draft_source=config.draft_source or "assistant",
-                                num_assistant_tokens=num_assistant_tokens,
-                                schedule=config.schedule or "heuristic").validate()
-            try:
-                runs[config] = run_once(pair, inputs, settings, config)
-            except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
-                if config.engine != "transformers":
-                    raise
-                runs[config] = {"error": f"{type(exc).__name__}: {exc}"}
-            done += 1
-            if progress:
-                progress(done / total, f"{item.name} t={temperature:g} {config.label}")
-        baseline = runs[BASELINE]
-        for config in configs:
-            run = runs[config]
-            if "error" in run:
-                rows.append({"suite": item.suite, "item": item.name, "repeat": repeat, "temperature": temperature,
-                             "config": config.label, "engine": config.engine, "error": run["error"]})
-                continue
-            rows.append(_row(item, repeat, temperature, config, run, baseline,
-                             set(pair.target.eos_token_ids)))
-            if log is not None:  # one line per run as it lands: a long benchmark can be followed, and survives a stop
-                log.write(json.dumps(rows[-1]) + "\n")
-                log.flush()
+        runs: list[dict[Config, dict]] = [{} for _ in pairs]
+        for p in [(n + i) % len(pairs) for i in range(len(pairs))]:   # pairs and configurations rotate by item
+            pair, own = pairs[p], configs[p]
+            for config in own[n % len(own):] + own[:n % len(own)]:
+                settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, seed=repeat,
+                                    draft_source=config.draft_source or "assistant",
+                                    num_assistant_tokens=num_assistant_tokens or pair.spec.num_assistant_tokens,
+                                    schedule=config.schedule or "heuristic").validate()
+                try:
+                    runs[p][config] = run_once(pair, inputs[p], settings, config)
+                except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
+                    if config.engine != "transformers":
+                        raise
+                    runs[p][config] = {"error": f"{type(exc).__name__}: {exc}"}
+                done += 1
+                if progress:
+                    progress(done / total, f"{item.name} t={temperature:g} {pair.spec.name} {config.label}")
+        reference = runs[0][BASELINE] if len(pairs) > 1 else None
+        for p, pair in enumerate(pairs):
+            for config in configs[p]:
+                run = runs[p][config]
+                if "error" in run:
+                    rows.append({"pair": pair.spec.name, "suite": item.suite, "item": item.name, "repeat": repeat,
+                                 "temperature": temperature, "config": config.label, "engine": config.engine,
+                                 "error": run["error"]})
+                    continue
+                rows.append(_row(pair, item, repeat, temperature, config, run, runs[p][BASELINE], reference))
+                if log is not None:  # a line per run as it lands: a long benchmark can be followed, survives a stop
+                    log.write(json.dumps(rows[-1]) + "\n")
+                    log.flush()
     return rows
-
-
-# --- summary, tables and plots --------------------------------------------------------------------------------------
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _quantile(values, q):
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
-def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (suite, temperature, configuration): medians over items and repeats, with the speedup's spread."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        if "error" not in row:
-            groups.setdefault((row["suite"], row["temperature"], row["config"]), []).append(row)
-    summary = []
-    for (suite, temperature, config), group in groups.items():
-        speedups = [r["speedup"] for r in group]
-        identical = [r["identical"] for r in group if r["identical"] is not None]
-        summary.append({
-            "suite": suite, "temperature": temperature, "config": config, "runs": len(group),
-            "baseline_s": _median(r["baseline_latency_s"] for r in group),
-            "latency_s": _median(r["latency_s"] for r in group),
-            "speedup": _median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
-            "speedup_p10": _quantile(speedups, 0.1), "speedup_p90": _quantile(speedups, 0.9),
-            "tokens_per_pass": _median(r.get("tokens_per_pass") for r in group),
-            "acceptance_rate": _median(r.get("acceptance_rate") for r in group),
-            "cost_ratio": _median(r.get("cost_ratio") for r in group),
-            "identical_share": sum(identical) / len(identical) if identical else None,
-            "ms_per_token": _median(r.get("ms_per_token") for r in group),
-        })
-    return summary
-
-
-def _dash(value, spec=".2f", suffix=""):
-    return fmt_value(value, spec, suffix, missing="–")
-
-
-def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
-    lines = [f"# assistgen bench: {meta['pair']}", "",
-             f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
-             f"threads; {meta['dtype']}; max_new_tokens {meta['max_new_tokens']}; {meta['repeats']} repeat(s); "
-             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "",
-             "Speedup = baseline latency / assisted latency of the same item, repeat and temperature; medians over "
-             "items x repeats, spread min–max. transformers' peer runs the heuristic schedule on the same model "
-             "objects and is timed against our baseline. Identical: share of greedy runs whose tokens equal the "
-             "baseline's.", "",
-             "| suite | temp | configuration | runs | baseline s | assisted s | speedup (min–max) | "
-             "tokens/pass | acceptance | c | identical |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s in sorted(summary, key=lambda s: (s["suite"], s["temperature"], s["config"] != "baseline", s["config"])):
-        if s["config"] == "baseline":
-            continue
-        lines.append(
-            f"| {s['suite']} | {s['temperature']:g} | {s['config']} | {s['runs']} | {_dash(s['baseline_s'])} | "
-            f"{_dash(s['latency_s'])} | {_dash(s['speedup'])}× ({_dash(s['speedup_min'])}–{_dash(s['speedup_max'])}) | "
-            f"{_dash(s['tokens_per_pass'])} | "
-            f"{_dash(s['acceptance_rate'], '.0%')} | {_dash(s['cost_ratio'])} | {_dash(s['identical_share'], '.0%')} |")
-    fl = meta.get("floor")
-    if fl:
-        measured = _median(s["ms_per_token"] for s in summary if s["config"] == "baseline")
-        lines += ["", "## The floor", "",
-                  f"Memory read bandwidth {fl['bandwidth_gb_s']} GB/s; the target reads {fl['bytes_per_token'] / 1e9:.2f}"
-                  f" GB of weights per token, so no baseline can beat {fl['floor_ms_per_token']} ms/token here. "
-                  f"Measured baseline: {_dash(measured, '.1f')} ms/token (median per-step time after the prefill)"
-                  + (f", {fl['floor_ms_per_token'] / measured:.0%} of the floor's speed." if measured else ".")]
-    errors = [r for r in rows if "error" in r]
-    if errors:
-        lines += ["", "## Runs that failed", ""] + [f"- {r['item']} {r['config']}: {r['error']}" for r in errors[:20]]
-    lines += ["", "## Per item (median over repeats)", "", "| suite | item | temp | configuration | speedup | tokens/pass "
-              "| identical |", "|---|---|---|---|---|---|---|"]
-    per_item: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if "error" not in r and r["config"] != "baseline":
-            per_item.setdefault((r["suite"], r["item"], r["temperature"], r["config"]), []).append(r)
-    for (suite, item, temperature, config), group in per_item.items():
-        identical = [r["identical"] for r in group if r["identical"] is not None]
-        lines.append(f"| {suite} | {item} | {temperature:g} | {config} | {_dash(_median(r['speedup'] for r in group))}×"
-                     f" | {_dash(_median(r.get('tokens_per_pass') for r in group))} | "
-                     f"{_dash(sum(identical) / len(identical) if identical else None, '.0%')} |")
-    return "\n".join(lines) + "\n"
-
-
-def plots(summary: list[dict], rows: list[dict], out: Path) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    written = []
-    assisted = [s for s in summary if s["config"] != "baseline"]
-    configs = sorted({s["config"] for s in assisted})
-    suites = sorted({s["suite"] for s in assisted})
-
-    temperatures = sorted({s["temperature"] for s in assisted})
-    if len(temperatures) > 1:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for suite in suites:
-            for config in configs:
-                points = sorted((s["temperature"], s["speedup"]) for s in assisted
-                                if s["suite"] == suite and s["config"] == config)
-                if points:
-                    ax.plot(*zip(*points), marker="o", label=f"{suite}: {config}")
-        ax.axhline(1.0, color="grey", lw=1, ls="--")
-        ax.set(xlabel="temperature", ylabel="speedup (median)", title="Speedup vs temperature")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out / "speedup_vs_temperature.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(suites) * max(1, len(configs)) / 2), 4))
-    width = 0.8 / max(1, len(configs))
-    greedy = min(temperatures) if temperatures else 0
-    for i, config in enumerate(configs):
-        xs, ys, lo, hi = [], [], [], []
-        for j, suite in enumerate(suites):
-            match = [s for s in assisted if s["suite"] == suite and s["config"] == config and s["temperature"] == greedy]
-            if match:
-                s = match[0]
-                xs.append(j + i * width)
-                ys.append(s["speedup"])
-                lo.append(s["speedup"] - s["speedup_min"])
-                hi.append(s["speedup_max"] - s["speedup"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=config)
-    ax.axhline(1.0, color="grey", lw=1, ls="--")
-    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(suites))], suites)
-    ax.set(ylabel=f"speedup (median, min–max), temperature {greedy:g}", title="Speedup by task and schedule")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "speedup_by_task.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ours = sorted({r["config"] for r in rows if r.get("emitted_per_pass") and r["config"] != "baseline"})
-    data = [[n for r in rows if r["config"] == c and r.get("emitted_per_pass") for n in r["emitted_per_pass"]]
-            for c in ours]
-    if data:
-        top = max(max(d) for d in data if d)
-        ax.hist(data, bins=range(1, top + 2), label=ours, align="left")
-        ax.legend(fontsize=8)
-    ax.set(xlabel="tokens emitted by one target pass", ylabel="target passes", title="Tokens per pass")
-    fig.tight_layout()
-    written.append(out / "tokens_per_pass.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-    return written
 
 
 # --- command line ---------------------------------------------------------------------------------------------------
@@ -442,7 +285,8 @@ def _names(choices):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m assistgen bench` (the catalog is the command line's global --catalog)."""
-    p.add_argument("--pair", required=True)
+    p.add_argument("--pair", action="append", required=True,
+                   help="a pair to run (repeatable: several run side by side, each against the first's baseline too)")
     p.add_argument("--suite", action="append", default=[], choices=list(SUITES),
                    help="a built-in set from --inputs (repeatable): " + ", ".join(SUITES))
     p.add_argument("--inputs", default="bench/inputs", metavar="DIR",
@@ -456,12 +300,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
     p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=["assistant"])
-    p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=["heuristic"])
-    p.add_argument("--num-assistant-tokens", type=int, default=5)
+    p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=None,
+                   help="comma-separated (default: each pair's own, from models.yaml, as the app runs it)")
+    p.add_argument("--num-assistant-tokens", type=int, default=None,
+                   help="the initial window (default: each pair's own)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--peer", action="store_true", help="also run transformers' generate(assistant_model=...)")
+    p.add_argument("--verify-curve", action="store_true",
+                   help="also time verify(k), a target pass over k rows, for k from 1 to 32 (table and plot)")
     p.add_argument("--no-floor", action="store_true", help="skip the memory-bandwidth measurement")
     p.add_argument("--out", default="bench-results", help="output folder (default bench-results/)")
+
+
+def _items(args, specs) -> list[Item]:
+    items = [i for suite in args.suite for i in builtin_items(suite, Path(args.inputs), args.limit)]
+    items += [i for f in args.prompts for i in read_items(Path(f).stem, args.task, Path(f), args.limit)]
+    items += [i for d in args.audio_dir for i in read_items(Path(d).name, "asr", Path(d), args.limit)]
+    if not items:
+        raise ValueError("nothing to run: give --suite, --prompts or --audio-dir")
+    for spec in specs:
+        wrong = sorted({i.task for i in items} - set(spec.tasks))
+        if wrong:
+            raise ValueError(f"pair {spec.name!r} does not do {', '.join(wrong)}; it does {', '.join(spec.tasks)}")
+    if args.repeats < 1 or not 1 <= args.max_new_tokens <= 1024:
+        raise ValueError("--repeats must be at least 1 and --max-new-tokens from 1 to 1024")
+    return items
 
 
 def run(args: argparse.Namespace) -> int:
@@ -470,37 +333,34 @@ def run(args: argparse.Namespace) -> int:
     from .terminal import CliError, load_pair, progress_bar
     try:
         catalog = load_catalog(args.catalog)
-        spec = catalog.pair(args.pair)
-        items = [i for suite in args.suite for i in builtin_items(suite, Path(args.inputs), args.limit)]
-        items += [i for f in args.prompts for i in read_items(Path(f).stem, args.task, Path(f), args.limit)]
-        items += [i for d in args.audio_dir for i in read_items(Path(d).name, "asr", Path(d), args.limit)]
-        if not items:
-            raise ValueError("nothing to run: give --suite, --prompts or --audio-dir")
-        wrong = sorted({i.task for i in items} - set(spec.tasks))
-        if wrong:
-            raise ValueError(f"pair {spec.name!r} does not do {', '.join(wrong)}; it does {', '.join(spec.tasks)}")
-        if args.repeats < 1 or not 1 <= args.max_new_tokens <= 1024:
-            raise ValueError("--repeats must be at least 1 and --max-new-tokens from 1 to 1024")
-        pair = load_pair(catalog, spec)
+        specs = [catalog.pair(name) for name in dict.fromkeys(args.pair)]
+        items = _items(args, specs)
+        pairs = [load_pair(catalog, spec) for spec in specs]
     except (CatalogError, CliError, KeyError, ValueError, OSError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import transformers
-    meta = {"pair": spec.name, "mode": pair.mode, "command": "python -m assistgen " + " ".join(args.argv),
+    first = pairs[0]
+    meta = {"pairs": [spec.name for spec in specs], "modes": {p.spec.name: p.mode for p in pairs},
+            "command": "python -m assistgen " + " ".join(args.argv),
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "dtype": str(pair.target.model.dtype).removeprefix("torch."), "max_new_tokens": args.max_new_tokens,
+            "dtype": str(first.target.model.dtype).removeprefix("torch."), "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
             "items": {i.name: i.text or i.audio for i in items}}
-    if not args.no_floor and pair.target.model.device.type == "cpu":
-        meta["floor"] = floor(pair, memory_bandwidth_gb_s())
+    if not args.no_floor and first.target.model.device.type == "cpu":
+        bandwidth = memory_bandwidth_gb_s()
+        meta["floor"] = {p.spec.name: floor(p, bandwidth) for p in pairs}
+    if args.verify_curve:
+        meta["verify_curves"] = {p.spec.name: verify_curve(p.target.model, first_inputs(model_inputs(p, items[0])))
+                                 for p in pairs}
     bar, report = progress_bar()
     try:
         with open(out / "runs.jsonl", "w") as log:
-            rows = run_bench(pair, items, temperatures=args.temperatures, draft_sources=args.draft_sources,
+            rows = run_bench(pairs, items, temperatures=args.temperatures, draft_sources=args.draft_sources,
                              schedules=args.schedules, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                              num_assistant_tokens=args.num_assistant_tokens, peer=args.peer, progress=report, log=log)
     except Exception as exc:  # an input the pair cannot take: say which
@@ -512,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1))
     (out / "results.md").write_text(markdown(meta, summary, rows))
     written = plots(summary, rows, out)
+    if args.verify_curve:
+        written.append(plot_curves(meta["verify_curves"], out))
     print(markdown(meta, summary, rows).split("## Per item")[0])
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return 0

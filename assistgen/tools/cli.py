@@ -59,9 +59,12 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from ..app.service import Service
+    from ..app.validation import UserError
     from ..comparison.audio import load_audio
     from ..comparison.compare import Settings, compare
-    from ..comparison.tasks import InputError, asr_inputs, text_inputs
+    from ..comparison.speech import speech_windows
+    from ..comparison.tasks import InputError, text_inputs
     catalog = load_catalog(args.catalog)
     try:
         spec = catalog.pair(args.pair)
@@ -82,12 +85,16 @@ def cmd_compare(args) -> int:
     except (ValueError, InputError) as exc:
         raise CliError(str(exc)) from None
     pair = load_pair(catalog, spec)
+    language = None
     try:
-        inputs = asr_inputs(pair, audio) if args.task == "asr" else text_inputs(
-            pair, args.task, args.text, target_language=args.target_language)
-    except InputError as exc:
+        if args.task == "asr":
+            language = Service.speech_language(pair, audio, args.language)
+            inputs = speech_windows(pair, audio, language=language["code"])
+        else:
+            inputs = text_inputs(pair, args.task, args.text, target_language=args.target_language)
+    except (InputError, UserError) as exc:
         raise CliError(str(exc)) from None
-    result = compare(pair, args.task, inputs, settings).to_dict()
+    result = compare(pair, args.task, inputs, settings, language=language).to_dict()
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
@@ -99,7 +106,10 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import explanation
+    from ..app.render import explanation, language_text, windows_text
+    for line in (language_text(result), windows_text(result)):
+        if line:
+            print(line)
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
     print(f"speedup {result['speedup']:.2f}x{reliable}; draft source: {result['draft_source']}; "
           f"{result['identical_note']}\n{explanation(result)}")
@@ -128,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--draft-source", choices=list(DRAFT_SOURCES), default="assistant")
     comp.add_argument("--num-assistant-tokens", type=int)
     comp.add_argument("--schedule", choices=SCHEDULE_NAMES)
-    comp.add_argument("--target-language", default="French", choices=LANGUAGES)
+    comp.add_argument("--target-language", default="French", choices=LANGUAGES, help="translation: into this")
+    comp.add_argument("--language", default="auto",
+                      help="speech: the spoken language's code (en, fr, de, ...), or auto to detect it (default)")
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(run=cmd_compare)

@@ -98,8 +98,9 @@ def test_audio_errors_are_clear_and_the_server_keeps_serving(client, tmp_path):
     truncated = tmp_path / "truncated.wav"
     truncated.write_bytes(good.read_bytes()[:40])
     expect_error(client, "truncated", audio=handle_file(str(truncated)), **asr)
-    expect_error(client, "the limit is 30 s", audio=_write(tmp_path / "long.wav",
-                                                          np.full(16000 * 31, 0.1, np.float32), 16000), **asr)
+    eleven_minutes = np.zeros(8000 * 660, np.int16)    # over the default 10 minutes; FLAC keeps it small
+    eleven_minutes[:8000] = (3000 * np.sin(np.arange(8000) / 5)).astype(np.int16)
+    expect_error(client, "the limit is 10 min", audio=_write(tmp_path / "long.flac", eleven_minutes, 8000), **asr)
     expect_error(client, "record at least", audio=_write(tmp_path / "short.wav", np.full(800, 0.1, np.float32),
                                                          16000), **asr)
     expect_error(client, "silent", audio=_write(tmp_path / "zeros.wav", np.zeros(16000, np.float32), 16000), **asr)
@@ -143,3 +144,19 @@ def test_each_pair_shows_its_description_and_defaults(tiny_app):
     assert service.pair_defaults("tiny-text") == (5, "heuristic")
     info = service.pair_info("tiny-text")
     assert "window 5" in info and "schedule heuristic" in info
+
+
+def test_a_recording_over_30_s_is_transcribed_window_by_window_through_the_api(client, tmp_path):
+    one = speech_wav(tmp_path / "one.wav", "The quick brown fox jumps over the lazy dog near the river bank. " * 3)
+    samples, rate = sf.read(str(one), dtype="float32")
+    pause = np.zeros(rate // 2, np.float32)
+    long = np.concatenate([samples, pause] * (1 + int(40 * rate / (len(samples) + len(pause)))))[: 42 * rate]
+    result = compare(client, task="asr", pair="tiny-speech", text=None, audio=_write(tmp_path / "long.wav", long, rate))
+    assert result["identical"] is True and len(result["windows"]) == 2
+    assert result["windows"][0]["start_s"] == 0 and result["windows"][-1]["end_s"] == pytest.approx(42, abs=0.01)
+    assert result["language"] == {"code": "en", "detected": True, "probability": pytest.approx(1.0)}
+
+
+def test_a_spoken_language_the_target_does_not_know_is_a_clear_error(client, tmp_path):
+    expect_error(client, "does not know the language 'xx'", task="asr", pair="tiny-speech", text=None,
+                 audio=handle_file(str(speech_wav(tmp_path / "s.wav"))), language="xx")

@@ -299,3 +299,39 @@ def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
     assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
                         max_new_tokens=20)
     assert assisted.new_tokens == baseline.new_tokens
+
+
+def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_shorter_over_a_clip():
+    from assistgen.engine.drafting import clip_encoder_outputs
+    model = tm.whisper(2)
+    features = tm.whisper_inputs(2)["input_features"]   # 32 frames: the tiny model's whole window
+    with torch.inference_mode():
+        whole = model.get_encoder()(features).last_hidden_state
+        same = clip_encoder_outputs(model, features, frames=32, margin_s=0.0).last_hidden_state
+        clip = clip_encoder_outputs(model, features, frames=9, margin_s=0.04).last_hidden_state
+    assert torch.allclose(same, whole, atol=1e-6)
+    assert clip.shape[1] == 7   # 9 frames + 4 of margin, made even, halved by the second convolution
+
+
+def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypatch):
+    from assistgen.engine import drafting
+    from helpers import whisper_tokenizer
+    monkeypatch.setattr(drafting, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
+    tokenizer = whisper_tokenizer()
+    target = tm.whisper(0)
+    target.resize_token_embeddings(len(tokenizer))
+    assistant = tm.whisper(1, layers=1)
+    assistant.resize_token_embeddings(len(tokenizer))
+    frames = torch.zeros(1, 32, dtype=torch.long)
+    frames[:, :12] = 1   # the clip's own frames; the rest is padding
+    inputs = {**tm.whisper_inputs(0), "attention_mask": frames}
+    inputs["decoder_input_ids"] = torch.tensor([tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])])
+    seen = []
+    original = drafting.clip_encoder_outputs
+    monkeypatch.setattr(drafting, "clip_encoder_outputs", lambda *a, **k: seen.append(a[2]) or original(*a, **k))
+    baseline = generate(target, inputs, max_new_tokens=20)
+    assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
+                        max_new_tokens=20)
+    assert seen == [12] and assisted.assistant_passes > 0
+    assert assisted.new_tokens == baseline.new_tokens

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from assistgen.tools.bench import read_items, summarize
+from assistgen.tools.bench import read_items
+from assistgen.tools.report import summarize
 
 from helpers import ROOT
 
@@ -38,11 +39,13 @@ def test_bench_writes_results_tables_and_plots(tiny_catalog_path, tmp_path):
     ours = [r for r in runs if r["engine"] == "assistgen" and r["config"] != "baseline"]
     assert all(r["target_passes"] >= 1 and r["tokens_per_pass"] >= 1 for r in ours)
     assert {r["item"] for r in runs} == {"hello", "mine-2", "translation-1", "translation-2"}
+    assert all(r["drafting_s"] >= 0 and r["verifying_s"] > 0 for r in ours)
     summary = {(s["suite"], s["temperature"], s["config"]): s for s in results["summary"]}
     assert summary[("mine", 0.0, "heuristic")]["runs"] == 4
     assert summary[("mine", 0.0, "heuristic")]["identical_share"] == 1.0
     md = (tmp_path / "out" / "results.md").read_text()
-    assert "| mine | 0 | heuristic | 4 |" in md and "transformers heuristic" in md
+    assert "| tiny-text | mine | 0 | heuristic | 4 |" in md and "transformers heuristic" in md
+    assert "## Where the time goes" in md
     for png in ("speedup_vs_temperature.png", "speedup_by_task.png", "tokens_per_pass.png"):
         data = (tmp_path / "out" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -92,7 +95,7 @@ def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
     from types import SimpleNamespace
 
     import helpers as tm
-    from assistgen.tools.bench import floor
+    from assistgen.tools.passcosts import floor
     from assistgen.models.cpu import use_onednn_linears
     from assistgen.models.loading import _count
     model = tm.qwen2(0)

@@ -1,0 +1,198 @@
+"""The benchmark's runs turned into a summary, Markdown tables and PNG plots (figures to read, never asserts)."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ..app.render import fmt_value
+from .passcosts import curve_markdown
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _quantile(values, q):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (pair, suite, temperature, configuration): medians over items and repeats, with the speedup's
+    spread, and where the time went."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if "error" not in row:
+            groups.setdefault((row.get("pair"), row["suite"], row["temperature"], row["config"]), []).append(row)
+    summary = []
+    for (pair, suite, temperature, config), group in groups.items():
+        speedups = [r["speedup"] for r in group]
+        identical = [r["identical"] for r in group if r["identical"] is not None]
+        summary.append({
+            "pair": pair, "suite": suite, "temperature": temperature, "config": config, "runs": len(group),
+            "baseline_s": _median(r["baseline_latency_s"] for r in group),
+            "latency_s": _median(r["latency_s"] for r in group),
+            "speedup": _median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
+            "speedup_p10": _quantile(speedups, 0.1), "speedup_p90": _quantile(speedups, 0.9),
+            "reference_speedup": _median(r.get("reference_speedup") for r in group),
+            "tokens_per_pass": _median(r.get("tokens_per_pass") for r in group),
+            "acceptance_rate": _median(r.get("acceptance_rate") for r in group),
+            "cost_ratio": _median(r.get("cost_ratio") for r in group),
+            "identical_share": sum(identical) / len(identical) if identical else None,
+            "ms_per_token": _median(r.get("ms_per_token") for r in group),
+            **{key: _median(r.get(key) for r in group) for key in ("prompt_s", "drafting_s", "verifying_s",
+                                                                   "s_per_pass")},
+        })
+    return summary
+
+
+def _dash(value, spec=".2f", suffix=""):
+    return fmt_value(value, spec, suffix, missing="–")
+
+
+def _order(s: dict) -> tuple:
+    return s["pair"] or "", s["suite"], s["temperature"], s["config"] != "baseline", s["config"]
+
+
+def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
+    pairs = meta["pairs"]
+    lines = [f"# assistgen bench: {', '.join(pairs)}", "",
+             f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
+             f"threads; {meta['dtype']}; max_new_tokens {meta['max_new_tokens']}; {meta['repeats']} repeat(s); "
+             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "",
+             "Speedup = baseline latency / assisted latency of the same item, repeat and temperature, with the same "
+             "pair's target; medians over items x repeats, spread min–max. transformers' peer runs the heuristic "
+             "schedule on the same model objects and is timed against our baseline. Identical: share of greedy runs "
+             "whose tokens equal the baseline's.", "",
+             "| pair | suite | temp | configuration | runs | baseline s | assisted s | speedup (min–max) | "
+             "tokens/pass | acceptance | c | identical |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(summary, key=_order):
+        if s["config"] == "baseline":
+            continue
+        lines.append(
+            f"| {s['pair']} | {s['suite']} | {s['temperature']:g} | {s['config']} | {s['runs']} | "
+            f"{_dash(s['baseline_s'])} | {_dash(s['latency_s'])} | {_dash(s['speedup'])}× "
+            f"({_dash(s['speedup_min'])}–{_dash(s['speedup_max'])}) | {_dash(s['tokens_per_pass'])} | "
+            f"{_dash(s['acceptance_rate'], '.0%')} | {_dash(s['cost_ratio'])} | {_dash(s['identical_share'], '.0%')} |")
+    lines += ["", "## Where the time goes", "",
+              "Medians of each run's own measured parts: the first step (the prompt pass; in an assisted run the "
+              "assistant's prompt pass and first draft too), then drafting and verifying in the later steps.", "",
+              "| pair | suite | temp | configuration | latency s | first step s | drafting s | verifying s | "
+              "s per target pass |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(summary, key=_order):
+        lines.append(f"| {s['pair']} | {s['suite']} | {s['temperature']:g} | {s['config']} | {_dash(s['latency_s'])} | "
+                     f"{_dash(s['prompt_s'])} | {_dash(s['drafting_s'])} | {_dash(s['verifying_s'])} | "
+                     f"{_dash(s['s_per_pass'], '.3f')} |")
+    if len(pairs) > 1:
+        lines += ["", f"## Against {pairs[0]}'s baseline", "",
+                  f"Each run's latency against the baseline of the first pair ({pairs[0]}) on the same item, repeat "
+                  "and temperature: for another pair's baseline, what its target alone gains; for its assisted runs, "
+                  "the whole gain, of which the speedup above is what assistance adds.", "",
+                  "| pair | suite | temp | configuration | latency s | against the first baseline | identical |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in sorted(summary, key=_order):
+            lines.append(f"| {s['pair']} | {s['suite']} | {s['temperature']:g} | {s['config']} | "
+                         f"{_dash(s['latency_s'])} | {_dash(s['reference_speedup'])}× | "
+                         f"{_dash(s['identical_share'], '.0%')} |")
+    curves = meta.get("verify_curves")
+    if curves:
+        lines += ["", "## verify(k)", "", "One target pass over k rows (k - 1 drafts verified), after the first item's "
+                  "prompt; the fastest of 6 passes per size, sizes interleaved.", ""] + curve_markdown(curves)
+    for name, fl in (meta.get("floor") or {}).items():
+        measured = _median(s["ms_per_token"] for s in summary if s["config"] == "baseline" and s["pair"] == name)
+        lines += ["", f"## The floor: {name}", "",
+                  f"Memory read bandwidth {fl['bandwidth_gb_s']} GB/s; the target reads {fl['bytes_per_token'] / 1e9:.2f}"
+                  f" GB of weights per token, so no baseline can beat {fl['floor_ms_per_token']} ms/token here. "
+                  f"Measured baseline: {_dash(measured, '.1f')} ms/token (median per-step time after the prefill)"
+                  + (f", {fl['floor_ms_per_token'] / measured:.0%} of the floor's speed." if measured else ".")]
+    errors = [r for r in rows if "error" in r]
+    if errors:
+        lines += ["", "## Runs that failed", ""] + [f"- {r.get('pair')} {r['item']} {r['config']}: {r['error']}"
+                                                     for r in errors[:20]]
+    lines += ["", "## Per item (median over repeats)", "", "| pair | suite | item | temp | configuration | speedup | "
+              "tokens/pass | identical |", "|---|---|---|---|---|---|---|---|"]
+    per_item: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "error" not in r and r["config"] != "baseline":
+            per_item.setdefault((r.get("pair"), r["suite"], r["item"], r["temperature"], r["config"]), []).append(r)
+    for (pair, suite, item, temperature, config), group in per_item.items():
+        identical = [r["identical"] for r in group if r["identical"] is not None]
+        lines.append(f"| {pair} | {suite} | {item} | {temperature:g} | {config} | "
+                     f"{_dash(_median(r['speedup'] for r in group))}× | "
+                     f"{_dash(_median(r.get('tokens_per_pass') for r in group))} | "
+                     f"{_dash(sum(identical) / len(identical) if identical else None, '.0%')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _label(s: dict, several_pairs: bool) -> str:
+    return f"{s['pair']}: {s['config']}" if several_pairs else s["config"]
+
+
+def plots(summary: list[dict], rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    several = len({s["pair"] for s in summary}) > 1
+    assisted = [s for s in summary if s["config"] != "baseline"]
+    configs = sorted({_label(s, several) for s in assisted})
+    suites = sorted({s["suite"] for s in assisted})
+
+    temperatures = sorted({s["temperature"] for s in assisted})
+    if len(temperatures) > 1:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for suite in suites:
+            for config in configs:
+                points = sorted((s["temperature"], s["speedup"]) for s in assisted
+                                if s["suite"] == suite and _label(s, several) == config)
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=f"{suite}: {config}")
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        ax.set(xlabel="temperature", ylabel="speedup (median)", title="Speedup vs temperature")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out / "speedup_vs_temperature.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(suites) * max(1, len(configs)) / 2), 4))
+    width = 0.8 / max(1, len(configs))
+    greedy = min(temperatures) if temperatures else 0
+    for i, config in enumerate(configs):
+        xs, ys, lo, hi = [], [], [], []
+        for j, suite in enumerate(suites):
+            match = [s for s in assisted if s["suite"] == suite and _label(s, several) == config
+                     and s["temperature"] == greedy]
+            if match:
+                s = match[0]
+                xs.append(j + i * width)
+                ys.append(s["speedup"])
+                lo.append(s["speedup"] - s["speedup_min"])
+                hi.append(s["speedup_max"] - s["speedup"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=config)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks([j + width * (len(configs) - 1) / 2 for j in range(len(suites))], suites)
+    ax.set(ylabel=f"speedup (median, min–max), temperature {greedy:g}", title="Speedup by task and schedule")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out / "speedup_by_task.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ours = sorted({(r.get("pair"), r["config"]) for r in rows if r.get("emitted_per_pass") and r["config"] != "baseline"})
+    data = [[n for r in rows if (r.get("pair"), r["config"]) == key and r.get("emitted_per_pass")
+             for n in r["emitted_per_pass"]] for key in ours]
+    if data:
+        top = max(max(d) for d in data if d)
+        ax.hist(data, bins=range(1, top + 2), label=[f"{p}: {c}" if several else c for p, c in ours], align="left")
+        ax.legend(fontsize=8)
+    ax.set(xlabel="tokens emitted by one target pass", ylabel="target passes", title="Tokens per pass")
+    fig.tight_layout()
+    written.append(out / "tokens_per_pass.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written

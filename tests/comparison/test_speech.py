@@ -1,0 +1,90 @@
+"""Speech inputs: long recordings cut at pauses into windows that both runs go through, the spoken language, and an
+English-only assistant that stops drafting on other speech."""
+import numpy as np
+import pytest
+import torch
+
+import helpers as tm
+from assistgen.comparison.compare import Settings, compare
+from assistgen.comparison.speech import SpeechWindow, cut_points
+from assistgen.models.loading import check_pair
+
+
+def noise_with_pauses(seconds: float, pauses: list[float], rate: int = 16000) -> np.ndarray:
+    """Loud noise everywhere but 300 ms of near-silence centred on each of `pauses` (seconds)."""
+    samples = np.random.default_rng(0).normal(0, 0.3, int(seconds * rate)).astype(np.float32)
+    for at in pauses:
+        samples[int((at - 0.15) * rate):int((at + 0.15) * rate)] *= 0.001
+    return samples
+
+
+def test_a_long_recording_is_cut_at_its_pauses_into_windows_of_at_most_30_s():
+    samples = noise_with_pauses(70, pauses=[12.0, 27.0, 52.5])
+    spans = cut_points(samples)
+    cuts = [end / 16000 for _, end in spans[:-1]]
+    assert len(cuts) == 2   # in the pause inside each window's last 5 s: 12.0 is too early to be one
+    assert abs(cuts[0] - 27.0) <= 0.15 and abs(cuts[1] - 52.5) <= 0.15
+    assert spans[0][0] == 0 and spans[-1][1] == len(samples)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))                # nothing lost, nothing read twice
+    assert all(end - start <= 30 * 16000 for start, end in spans)
+
+
+def test_a_clip_of_30_s_or_less_is_one_window():
+    assert cut_points(np.zeros(30 * 16000, np.float32)) == [(0, 30 * 16000)]
+
+
+def _loaded(name, model, tokenizer):
+    from assistgen.models.catalog import ModelSpec
+    from assistgen.models.loading import LoadedModel
+    return LoadedModel(ModelSpec(name, "local", "-"), model, tokenizer, None, 1, 1, 0.0)
+
+
+@pytest.fixture
+def speech_pair(tiny_catalog_path):
+    """A multilingual target (en, de) and an English-only assistant, with the same toy tokenizer."""
+    from assistgen.models.catalog import load_catalog
+    tokenizer = tm.whisper_tokenizer()
+    target = tm.whisper(0)
+    target.resize_token_embeddings(len(tokenizer))
+    target.generation_config.lang_to_id = {"<|en|>": tokenizer.convert_tokens_to_ids("<|en|>"),
+                                           "<|de|>": tokenizer.convert_tokens_to_ids("<|de|>")}
+    target.generation_config.is_multilingual = True
+    assistant = tm.whisper(0)   # the target itself: it would agree on every token
+    assistant.resize_token_embeddings(len(tokenizer))
+    assistant.generation_config.is_multilingual = False
+    assistant.generation_config.lang_to_id = None
+    spec = load_catalog(tiny_catalog_path).pair("tiny-speech")
+    return check_pair(spec, _loaded("target", target, tokenizer), _loaded("english-only", assistant, tokenizer)), \
+        tokenizer
+
+
+def _window(tokenizer, language: str) -> dict:
+    return {**tm.whisper_inputs(0), "decoder_input_ids": torch.tensor([tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", f"<|{language}|>", "<|transcribe|>", "<|notimestamps|>"])])}
+
+
+def test_an_english_only_assistant_drafts_on_english_and_stops_on_other_speech_saying_why(speech_pair):
+    pair, tokenizer = speech_pair
+    english = compare(pair, "asr", _window(tokenizer, "en"), Settings(max_new_tokens=12))
+    assert english.draft_source == "assistant" and english.assisted.assistant_passes > 0
+    german = compare(pair, "asr", _window(tokenizer, "de"), Settings(max_new_tokens=12))
+    assert german.identical and german.draft_source == "none"
+    assert german.assisted.assistant_passes == 0 and german.assisted.target_passes == german.baseline.target_passes
+    assert any("drafting is off" in w and "'de'" in w and "english-only" in w for w in german.warnings())
+
+
+def test_both_runs_go_through_every_window_and_the_json_has_each(speech_pair):
+    pair, tokenizer = speech_pair
+    windows = [SpeechWindow(0.0, 28.5, _window(tokenizer, "en")), SpeechWindow(28.5, 40.0, _window(tokenizer, "en"))]
+    seen = []
+    result = compare(pair, "asr", windows, Settings(max_new_tokens=8),
+                     on_window=lambda run, i, n, w: seen.append((run, i, n)))
+    assert seen == [("baseline", 0, 2), ("baseline", 1, 2), ("assisted", 0, 2), ("assisted", 1, 2)]
+    data = result.to_dict()
+    assert [(w["start_s"], w["end_s"]) for w in data["windows"]] == [(0.0, 28.5), (28.5, 40.0)]
+    for run in ("baseline", "assisted"):
+        assert sum(w[run]["new_tokens"] for w in data["windows"]) == data[run]["new_tokens"]
+        assert sum(w[run]["target_passes"] for w in data["windows"]) == data[run]["target_passes"]
+    # each window's first step reads its prompt: the per-pass figures leave both out
+    assert data["baseline"]["time"]["passes_after_prompt"] == data["baseline"]["target_passes"] - 2
+    assert result.identical
