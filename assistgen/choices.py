@@ -9,7 +9,8 @@ TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "S
 TASKS = tuple(TASK_LABELS)
 TEXT_TASKS = tuple(task for task in TASKS if task != "asr")
 SCHEDULE_NAMES = tuple(SCHEDULES)                      # num_assistant_tokens_schedule
-DRAFT_SOURCES = {"assistant": "assistant model", "prompt_lookup": "prompt lookup (no model)"}
+DRAFT_SOURCES = {"assistant": "assistant model", "assistant_lookup": "assistant + lookup",
+                 "prompt_lookup": "prompt lookup (no model)"}
 WINDOW_RANGE = (1, 64)                                 # num_assistant_tokens, the initial window
 MAX_NEW_TOKENS_RANGE = (1, 1024)
 TEMPERATURE_RANGE = (0.0, 2.0)                         # 0 means greedy

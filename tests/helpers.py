@@ -3,6 +3,7 @@ a tiny GGUF writer, and speech made with espeak-ng and sox."""
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from transformers import (AutoModelForCausalLM, GenerationConfig, GPT2Config, GP
                           WhisperProcessor, WhisperTokenizerFast)
 
 ROOT = Path(__file__).resolve().parent.parent
+# The device the engine's tests run their tiny models on: the CPU, or CUDA where bench/gpu.sh runs them.
+DEVICE = torch.device(os.environ.get("ASSISTGEN_TEST_DEVICE", "cpu"))
 
 
 # --- tiny models --------------------------------------------------------------------------------------------------
@@ -32,7 +35,7 @@ def _seeded(build, seed: int):
     model = build()
     model.eval()
     model.generation_config.pad_token_id = 0
-    return model
+    return model.to(DEVICE)
 
 
 def qwen2(seed: int, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, init: float = 0.02,
@@ -89,14 +92,14 @@ def perturbed(model, scale: float, seed: int):
 
 def decoder_inputs(seed: int, length: int = 8) -> dict:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (1, length), generator=g)
+    ids = torch.randint(3, VOCAB, (1, length), generator=g).to(DEVICE)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def whisper_inputs(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"input_features": torch.randn(1, 8, 32, generator=g),
-            "decoder_input_ids": torch.tensor([[1, 5, 7]])}
+    return {"input_features": torch.randn(1, 8, 32, generator=g).to(DEVICE),
+            "decoder_input_ids": torch.tensor([[1, 5, 7]], device=DEVICE)}
 
 
 # --- a catalog of tiny models ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ class Settings:
     max_new_tokens: int = 128
     temperature: float = 0.0          # 0 means greedy
     top_p: float = 1.0
-    draft_source: str = "assistant"   # or "prompt_lookup"
+    draft_source: str = "assistant"   # or "prompt_lookup", "assistant_lookup" (choices.DRAFT_SOURCES)
     num_assistant_tokens: int = 5
     schedule: str = "heuristic"
     seed: int = 0
@@ -196,19 +196,20 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
                    on_step: Callable[[Step], None] | None = None,
                    on_window: Callable[[int, SpeechWindow], None] | None = None) -> GenerationResult:
     """One run of one configuration: the baseline (`draft_source` None), or assisted generation with drafts from
-    "assistant" (the pair's own) or "prompt_lookup". compare and bench both run through here.
+    "assistant" (the pair's own), "prompt_lookup" or "assistant_lookup" (both). compare and bench both run through
+    here.
 
     A recording's windows run one after the other (`on_window` hears each as it begins), each with the settings'
     token budget and time limit, and come back as one run (`engine.decoding.joined`)."""
     kwargs = {}
-    if draft_source == "assistant":
+    if draft_source in ("assistant", "assistant_lookup"):
         kwargs["assistant_model"] = pair.assistant.model
         if pair.mode == "different-tokenizer":
             kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
-    elif draft_source == "prompt_lookup":
+    if draft_source in ("prompt_lookup", "assistant_lookup"):
         kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
-    elif draft_source is not None:
-        raise ValueError(f"draft_source must be assistant, prompt_lookup or None, got {draft_source!r}")
+    elif draft_source not in (None, "assistant"):
+        raise ValueError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)} or None, got {draft_source!r}")
 
     def one(model_inputs: dict) -> GenerationResult:
         return generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
@@ -285,9 +286,9 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     phase = on_phase or (lambda name: None)
     window = on_window or (lambda run, index, total, w: None)
     draft_source, off = settings.draft_source, drafting_off_reason(pair, task, inputs)
-    if draft_source == "assistant" and not pair.assistant_usable:
+    if draft_source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
         draft_source = "prompt_lookup"  # the pair's reason is in pair.mode_reason and shown to the user
-    if draft_source == "assistant" and off is not None:
+    if draft_source in ("assistant", "assistant_lookup") and off is not None:
         draft_source = None
     first = first_inputs(inputs)
     total = 1 if isinstance(inputs, dict) else len(inputs)

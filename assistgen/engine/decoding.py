@@ -141,13 +141,15 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
 
     Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
     `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0, which is then also
-    the window), from an explicit `candidate_generator`, or from nowhere (the baseline). The schedule is a name
-    from `schedules.SCHEDULES` or a schedule object. This builds the parts; `speculative_decode` runs them.
+    the window), from both (an assistant and `prompt_lookup_num_tokens` > 0: lookup where the context repeats
+    itself, the assistant elsewhere), from an explicit `candidate_generator`, or from nowhere (the baseline). The
+    schedule is a name from `schedules.SCHEDULES` or a schedule object. This builds the parts; `speculative_decode`
+    runs them.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if candidate_generator is not None and (assistant_model is not None or prompt_lookup_num_tokens > 0):
-        raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
+        raise ValueError("pass candidate_generator alone, without assistant_model or prompt_lookup_num_tokens")
     started = synchronized_clock(model.device)()
     prefix = decoder_prefix(model, inputs)
     eos = eos_token_ids(model, eos_token_id)
@@ -155,7 +157,8 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     source = candidate_generator if candidate_generator is not None else draft_source(
         model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
-    schedule = (make_schedule(num_assistant_tokens_schedule, prompt_lookup_num_tokens or num_assistant_tokens)
+    window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
+    schedule = (make_schedule(num_assistant_tokens_schedule, window)
                 if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)
     sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
     limit = _max_positions(model)

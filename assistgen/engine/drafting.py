@@ -70,12 +70,99 @@ class PromptLookupCandidates:
         self.max_ngram_size = max_ngram_size
 
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
-        for n in range(min(self.max_ngram_size, len(tokens) - 1), 0, -1):
-            ngram = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):
-                if tokens[start:start + n] == ngram:
-                    return Draft(tokens[start + n:start + n + num_candidates])
-        return Draft([])
+        return Draft(lookup_continuation(tokens, num_candidates, min_ngram=1, max_ngram=self.max_ngram_size))
+
+
+def lookup_continuation(tokens: list[int], limit: int, *, min_ngram: int = 2, max_ngram: int = 4) -> list[int]:
+    """What followed the latest earlier occurrence of the sequence's last n-gram (n from `max_ngram` down to
+    `min_ngram`), at most `limit` tokens; [] when the context does not repeat itself."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        ngram = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == ngram:
+                return tokens[start + n:start + n + limit]
+    return []
+
+
+class AssistantWithLookupCandidates:
+    """Prompt lookup where the context repeats itself, the assistant everywhere else, both in one draft: a draft
+    starts from a lookup continuation when the last 2 to 4 tokens occurred before (in the prompt or the text so far:
+    a summary or an answer quoting its passage copies runs of it), and otherwise from the assistant, whose draft is
+    then extended by a lookup continuation wherever it ends on a repeated n-gram.
+
+    Lookup tokens cost no model pass. Each carries, as its confidence, how often a lookup token was accepted once
+    the ones before it were (learnt online from what the target kept, a prior of 1 in 2), so the adaptive schedule
+    prices both kinds alike. With sampling a lookup token is a deterministic proposal (q is one-hot on it), the
+    assistant's are drawn from q: the acceptance rule keeps the output exact for either.
+    """
+
+    def __init__(self, assistant: AssistantCandidates | DifferentTokenizerCandidates, eos_token_ids: set[int], *,
+                 min_ngram: int = 2, max_ngram: int = 4):
+        self.assistant = assistant
+        self.eos = eos_token_ids
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.lookup_accepted, self.lookup_tried = 1.0, 2.0
+        self._last: tuple[int, list[int], int] | None = None   # (context length, candidates, lookup start)
+
+    @property
+    def passes(self) -> int:
+        return self.assistant.passes
+
+    @property
+    def lookup_confidence(self) -> float:
+        return self.lookup_accepted / self.lookup_tried
+
+    def _learn(self, tokens: list[int]) -> None:
+        """How many of the last draft's lookup tokens the target kept, read off the sequence that came back."""
+        if self._last is None:
+            return
+        length, candidates, start = self._last
+        self._last = None
+        kept = 0
+        while kept < len(candidates) and length + kept < len(tokens) and tokens[length + kept] == candidates[kept]:
+            kept += 1
+        lookup = len(candidates) - start
+        if lookup == 0 or kept < start:   # the lookup part was never reached
+            return
+        accepted = kept - start
+        self.lookup_accepted += accepted
+        self.lookup_tried += accepted + (accepted < lookup)
+
+    def _extend(self, tokens: list[int], draft: list[int], limit: int, keep_drafting,
+                confidences: list[float] | None) -> list[int]:
+        """A lookup continuation after `tokens + draft`, cut where the schedule would stop drafting (`confidences`:
+        those of the draft so far, extended in place; None when the drafts carry none)."""
+        more = lookup_continuation(tokens + draft, limit, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+        out = []
+        for token in more:
+            out.append(token)
+            if confidences is not None:
+                confidences.append(self.lookup_confidence)
+                if keep_drafting is not None and not keep_drafting(confidences):
+                    break
+        return out
+
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
+        self._learn(tokens)
+        confident = isinstance(self.assistant, AssistantCandidates)   # another tokenizer's drafts carry none
+        confidences: list[float] | None = [] if confident else None
+        lookup = self._extend(tokens, [], num_candidates, keep_drafting, confidences)
+        if lookup:   # deterministic proposals: no distributions to carry
+            draft, start = Draft(lookup, None, confidences), 0
+        else:
+            draft = self.assistant.get_candidates(tokens, num_candidates, sampler, keep_drafting)
+            start = len(draft.tokens)
+            confidences = None if draft.confidences is None else list(draft.confidences)
+            more = (self._extend(tokens, draft.tokens, num_candidates - start, keep_drafting, confidences)
+                    if num_candidates > start and not (draft.tokens and draft.tokens[-1] in self.eos) else [])
+            probs = draft.probs
+            if probs is not None and more:   # a lookup token's proposal is one-hot on it
+                one_hot = torch.zeros(len(more), probs.shape[-1], device=probs.device)
+                one_hot[torch.arange(len(more)), torch.tensor(more)] = 1.0
+                probs = torch.cat([probs, one_hot])
+            draft = Draft(draft.tokens + more, probs, confidences)
+        self._last = (len(tokens), draft.tokens, start)
+        return draft
 
 
 class DifferentTokenizerCandidates:
@@ -157,18 +244,20 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
                  assistant_tokenizer=None) -> CandidateGenerator | None:
     """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
     own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
-    or none (the baseline). `encoder_outputs` are the target's, for a decoder-only assistant of an encoder-decoder
+    both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
+    none (the baseline). `encoder_outputs` are the target's, for a decoder-only assistant of an encoder-decoder
     target (distil-Whisper's decoder reads Whisper's encoder output)."""
-    if assistant_model is not None and prompt_lookup_num_tokens > 0:
-        raise ValueError("pass only one of assistant_model, prompt_lookup_num_tokens and candidate_generator")
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
         raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     if assistant_model is None:
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
     if tokenizer is None:
-        return AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                 encoder_outputs=encoder_outputs), eos)
-    return _different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer)
+        source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
+                                                   encoder_outputs=encoder_outputs), eos)
+    else:
+        source = _different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
+                                             assistant_tokenizer)
+    return AssistantWithLookupCandidates(source, eos) if prompt_lookup_num_tokens > 0 else source
 
 
 # A Whisper assistant's encoder reads the clip and this much past its end, not 30 s of padding (whisper.cpp's

@@ -37,7 +37,7 @@ from .report import markdown, plots, summarize
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
-          "translation": ("translation", "translation_prompts.txt"),
+          "context": ("chat", "context_prompts.txt"), "translation": ("translation", "translation_prompts.txt"),
           "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech")}
 
 
@@ -54,7 +54,7 @@ class Item:
 @dataclass(frozen=True)
 class Config:
     engine: str          # "assistgen" or "transformers"
-    draft_source: str | None   # None for the baseline, "assistant" or "prompt_lookup"
+    draft_source: str | None   # None for the baseline, else one of choices.DRAFT_SOURCES
     schedule: str | None       # None for the baseline
 
     @property
@@ -63,10 +63,12 @@ class Config:
             return "baseline"
         if self.engine == "transformers":
             return f"transformers {self.schedule}"
-        return self.schedule if self.draft_source == "assistant" else f"prompt lookup {self.schedule}"
+        prefix = {"assistant": "", "assistant_lookup": "assistant + lookup ", "prompt_lookup": "prompt lookup "}
+        return prefix[self.draft_source] + self.schedule
 
 
 BASELINE = Config("assistgen", None, None)
+TRANSFORMERS_DEFAULTS = "defaults"   # the peer at transformers' own settings: 20 tokens, constant, threshold 0.4
 
 
 # --- items --------------------------------------------------------------------------------------------------------
@@ -109,11 +111,15 @@ def builtin_items(suite: str, inputs: Path, limit: int | None = None) -> list[It
 
 # --- one run --------------------------------------------------------------------------------------------------------
 
-def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
-    """The same run through transformers' generate(assistant_model=...), on the same model objects."""
+def _peer(pair, inputs: dict, settings: Settings, schedule: str) -> tuple[list[int], float]:
+    """The same run through transformers' generate(assistant_model=...), on the same model objects, with
+    `schedule` (or transformers' own defaults: TRANSFORMERS_DEFAULTS)."""
     import copy
     target, assistant = pair.target.model, pair.assistant.model
-    set_assistant_knobs(assistant, settings.num_assistant_tokens, settings.schedule)
+    if schedule == TRANSFORMERS_DEFAULTS:
+        set_assistant_knobs(assistant, 20, "constant", confidence_threshold=0.4)
+    else:
+        set_assistant_knobs(assistant, settings.num_assistant_tokens, schedule)
     config = copy.deepcopy(target.generation_config)  # Whisper keeps its language and task tables there
     config.update(do_sample=settings.do_sample, num_beams=1, max_new_tokens=settings.max_new_tokens,
                   eos_token_id=list(pair.target.eos_token_ids),
@@ -143,7 +149,7 @@ def _peer(pair, inputs: dict, settings: Settings) -> tuple[list[int], float]:
 
 def run_once(pair, inputs, settings: Settings, config: Config) -> dict:
     if config.engine == "transformers":   # a recording's windows one after the other, as ours
-        runs = [_peer(pair, window, settings) for window in
+        runs = [_peer(pair, window, settings, config.schedule) for window in
                 ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
         return {"tokens": [t for tokens, _ in runs for t in tokens], "latency_s": sum(s for _, s in runs),
                 "result": None}
@@ -192,13 +198,14 @@ def configs_for(pair, draft_sources: list[str], schedules: list[str] | None, pee
     schedules = schedules or [pair.spec.schedule]
     configs = [BASELINE]
     for source in draft_sources:
-        if source == "assistant" and not pair.assistant_usable:
+        if source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
             continue
         configs += [Config("assistgen", source, schedule) for schedule in schedules]
-    if peer and pair.assistant_usable and "assistant" in draft_sources:
-        # transformers has no "adaptive" schedule: its peer runs the seed's heuristic (or constant when asked)
+    if peer and pair.assistant_usable:
+        # transformers has no "adaptive" schedule: its peer runs the seed's heuristic (5 tokens) and its own defaults
+        # (20 tokens, constant, confidence threshold 0.4)
         configs += [Config("transformers", "assistant", s) for s in dict.fromkeys(
-            "heuristic" if s == "adaptive" else s for s in schedules)]
+            ["heuristic" if s == "adaptive" else s for s in schedules] + [TRANSFORMERS_DEFAULTS])]
     return configs
 
 
@@ -235,7 +242,8 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
                 settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, seed=repeat,
                                     draft_source=config.draft_source or "assistant",
                                     num_assistant_tokens=num_assistant_tokens or pair.spec.num_assistant_tokens,
-                                    schedule=config.schedule or "heuristic").validate()
+                                    schedule=config.schedule if config.schedule in SCHEDULE_NAMES
+                                    else "heuristic").validate()
                 try:
                     runs[p][config] = run_once(pair, inputs[p], settings, config)
                 except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run

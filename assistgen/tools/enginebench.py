@@ -71,12 +71,13 @@ OFFLINE_PROMPTS = [
 ]
 
 
-def set_assistant_knobs(assistant, num_assistant_tokens: int, schedule: str) -> None:
+def set_assistant_knobs(assistant, num_assistant_tokens: int, schedule: str, confidence_threshold: float = 0.0) -> None:
     """transformers reads the assisted-generation knobs from the assistant's generation_config, and its heuristic
-    schedule mutates num_assistant_tokens there: set them before every call (no confidence threshold, as ours)."""
+    schedule mutates num_assistant_tokens there: set them before every call (by default no confidence threshold,
+    as ours)."""
     assistant.generation_config.num_assistant_tokens = num_assistant_tokens
     assistant.generation_config.num_assistant_tokens_schedule = schedule
-    assistant.generation_config.assistant_confidence_threshold = 0.0
+    assistant.generation_config.assistant_confidence_threshold = confidence_threshold
 
 
 def _transformers(workload: Workload, prompt: dict, assistant, max_new_tokens: int) -> tuple[list[int], float]:

@@ -221,7 +221,7 @@ def test_prompt_lookup_drafts_come_from_the_context_and_keep_greedy_output():
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"num_assistant_tokens_schedule": "sometimes"}, "num_assistant_tokens_schedule"),
     ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
-    ({"prompt_lookup_num_tokens": 3}, "only one of"),
+    ({"candidate_generator": object()}, "pass candidate_generator alone"),
     ({"do_sample": True, "temperature": 0.0}, "temperature"),
     ({"do_sample": True, "top_p": 0.0}, "top_p"),
 ])
@@ -335,3 +335,18 @@ def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypa
                         max_new_tokens=20)
     assert seen == [12] and assisted.assistant_passes > 0
     assert assisted.new_tokens == baseline.new_tokens
+
+
+def test_assistant_with_lookup_drafts_from_the_context_where_it_repeats_and_keeps_greedy_output():
+    target = tm.qwen2(5)
+    assistant = tm.qwen2(6, layers=1)     # a poor assistant: the lookup drafts are the ones that get accepted
+    phrase = torch.randint(3, tm.VOCAB, (12,), generator=torch.Generator().manual_seed(5))
+    ids = torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    baseline = generate(target, inputs, max_new_tokens=40)
+    both = generate(target, inputs, assistant_model=assistant, prompt_lookup_num_tokens=6, max_new_tokens=40)
+    alone = generate(target, inputs, assistant_model=assistant, max_new_tokens=40)
+    assert both.new_tokens == alone.new_tokens == baseline.new_tokens
+    drafted = sum(len(s.candidates) + s.withheld for s in both.steps)
+    assert both.assistant_passes < drafted      # some drafts cost no assistant pass: they came from the context
+    assert both.target_passes < alone.target_passes

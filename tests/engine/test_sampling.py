@@ -67,13 +67,14 @@ def _target_joint(model, prompt, temperature, top_p, length=2):
     return joint
 
 
-def _sample_first_tokens(target, assistant, prompt, n, temperature, top_p, length=2, schedule=lambda: "constant"):
+def _sample_first_tokens(target, assistant, prompt, n, temperature, top_p, length=2, schedule=lambda: "constant",
+                         lookup: int = 0, window: int = 2):
     inputs = {"input_ids": torch.tensor([prompt])}
     counts = Counter()
     for seed in range(n):
         result = generate(target, inputs, assistant_model=assistant, do_sample=True, temperature=temperature,
-                          top_p=top_p, seed=seed, max_new_tokens=3, num_assistant_tokens=2,
-                          num_assistant_tokens_schedule=schedule())
+                          top_p=top_p, seed=seed, max_new_tokens=3, num_assistant_tokens=window,
+                          num_assistant_tokens_schedule=schedule(), prompt_lookup_num_tokens=lookup)
         counts[tuple(result.new_tokens[:length])] += 1
     return counts
 
@@ -145,3 +146,13 @@ def test_sampling_is_reproducible_with_a_seed(sampling_pair):
     runs = [generate(target, inputs, assistant_model=assistant, do_sample=True, seed=5, max_new_tokens=12).new_tokens
             for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("prompt", [[1, 2, 3, 1, 2],      # the context repeats: the first draft is a lookup
+                                    [5, 1, 2, 3, 4, 1]])  # an assistant draft "2" repeats [1, 2]: lookup extends it
+def test_assistant_with_lookup_keeps_speculative_sampling_exact(sampling_pair, prompt):
+    target, assistant, _ = sampling_pair
+    with torch.inference_mode():
+        expected = _target_joint(target, prompt, 1.0, 1.0)
+    counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0, lookup=3, window=3)
+    assert chi2_pvalue(counts, expected) > 1e-3

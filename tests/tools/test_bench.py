@@ -30,7 +30,7 @@ def test_bench_writes_results_tables_and_plots(tiny_catalog_path, tmp_path):
     assert not [r for r in runs if "error" in r], [r["error"] for r in runs if "error" in r]
     configs = {r["config"] for r in runs}
     assert configs == {"baseline", "heuristic", "adaptive", "prompt lookup heuristic", "prompt lookup adaptive",
-                       "transformers heuristic"}
+                       "transformers heuristic", "transformers defaults"}
     # 2 sets x 2 items x 2 temperatures x 2 repeats, each with every configuration
     assert len(runs) == 2 * 2 * 2 * 2 * len(configs)
     greedy = [r for r in runs if r["temperature"] == 0]
