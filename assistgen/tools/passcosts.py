@@ -30,8 +30,7 @@ def floor(pair, bandwidth_gb_s: float) -> dict:
     weight_bytes = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
     # The embedding lookup reads one row per token, not the table (unless the output layer shares it).
     embeddings = model.get_input_embeddings()
-    output = model.get_output_embeddings()
-    tied = output is not None and getattr(output, "weight", None) is embeddings.weight
+    tied = getattr(model.config, "tie_word_embeddings", False)   # the output layer reads the whole table
     if embeddings is not None and not tied:
         weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
     return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),
