@@ -144,8 +144,7 @@ class AssistantWithLookupCandidates:
 
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         self._learn(tokens)
-        confident = isinstance(self.assistant, AssistantCandidates)   # another tokenizer's drafts carry none
-        confidences: list[float] | None = [] if confident else None
+        confidences: list[float] = []
         lookup = self._extend(tokens, [], num_candidates, keep_drafting, confidences)
         if lookup:   # deterministic proposals: no distributions to carry
             draft, start = Draft(lookup, None, confidences), 0
@@ -194,29 +193,70 @@ class DifferentTokenizerCandidates:
         text = self.target_tokenizer.decode(generated, skip_special_tokens=True)
         assistant_tokens = self.assistant_prefix + self.assistant_tokenizer.encode(text, add_special_tokens=False)
         drafts: list[int] = []
+        confidences: list[float] = []   # the assistant's probability of each of its tokens (EOS included)
         ended = False
         for _ in range(num_candidates):
-            token = int(self.assistant.logits(assistant_tokens + drafts)[0].argmax())
+            probs = torch.softmax(self.assistant.logits(assistant_tokens + drafts)[0], dim=-1)
+            token = int(probs.argmax())
+            confidences.append(float(probs[token]))
             if token in self.assistant_eos:
                 ended = True
                 break
             drafts.append(token)
+            if keep_drafting is not None and not keep_drafting(confidences):
+                break
         draft_text = self.assistant_tokenizer.decode(drafts, skip_special_tokens=True)
         full = self.target_tokenizer.encode(text + draft_text, add_special_tokens=False)
         if full[:len(generated)] == generated:
-            candidates = full[len(generated):]
+            base, candidates = generated, full[len(generated):]
         else:  # the re-tokenized text no longer splits where the target's tokens do: propose the draft alone
+            base, text = [], ""
             candidates = self.target_tokenizer.encode(draft_text, add_special_tokens=False)
-        if ended:
-            candidates = candidates[:num_candidates - 1] + [min(self.target_eos)] if self.target_eos else candidates
-        elif len(candidates) > 1:
+        if len(candidates) > 1 and not ended:
             candidates = candidates[:-1]
-        return Draft(candidates[:num_candidates])
+        candidates = candidates[:num_candidates - 1 if ended else num_candidates]
+        kept = self._confidences(base, len(text), candidates, drafts, confidences)
+        if ended and self.target_eos:
+            candidates, kept = candidates + [min(self.target_eos)], kept + [confidences[-1]]
+        return Draft(candidates, None, kept)
+
+    def _confidences(self, base: list[int], offset: int, candidates: list[int], drafts: list[int],
+                     confidences: list[float]) -> list[float]:
+        """Each target candidate's confidence, given the ones before it: the product of the assistant's confidences
+        in the tokens that complete its text (1.0 when the tokens before already covered it)."""
+        ends, out, covered = [], [], 0
+        for j in range(len(drafts)):
+            ends.append(len(self.assistant_tokenizer.decode(drafts[:j + 1], skip_special_tokens=True)))
+        for i in range(len(candidates)):
+            end = len(self.target_tokenizer.decode(base + candidates[:i + 1], skip_special_tokens=True)) - offset
+            needed = next((j + 1 for j, e in enumerate(ends) if e >= end), len(drafts))
+            step = 1.0
+            for c in confidences[covered:needed]:
+                step *= c
+            covered = max(covered, needed)
+            out.append(step)
+        return out
+
+
+_translated: dict[tuple, tuple] = {}   # (tokenizers' ids, prefix, drop) -> (the tokenizers, the translation)
 
 
 def translate_prefix(prefix: list[int], target_tokenizer, assistant_tokenizer, *, drop: set[str] = frozenset()) -> list[int]:
     """A prompt or forced decoder prefix in the assistant's vocabulary: special tokens map by name (those in `drop`
-    or unknown to the assistant are left out), text is decoded and re-encoded."""
+    or unknown to the assistant are left out), text is decoded and re-encoded. Remembered: Whisper's forced prefix
+    is the same for every clip and window, and translating it cost 30 ms (the assistant's vocabulary, read whole)."""
+    key = (id(target_tokenizer), id(assistant_tokenizer), tuple(prefix), frozenset(drop))
+    hit = _translated.get(key)
+    if hit is not None and hit[0] is target_tokenizer and hit[1] is assistant_tokenizer:
+        return list(hit[2])
+    out = _translate(prefix, target_tokenizer, assistant_tokenizer, drop)
+    if len(_translated) > 256:
+        _translated.clear()
+    _translated[key] = (target_tokenizer, assistant_tokenizer, tuple(out))
+    return out
+
+
+def _translate(prefix: list[int], target_tokenizer, assistant_tokenizer, drop) -> list[int]:
     out: list[int] = []
     specials = set(target_tokenizer.all_special_ids)
     text: list[int] = []
