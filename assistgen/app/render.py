@@ -105,14 +105,19 @@ def explanation(result: dict) -> str:
     return text
 
 
+LANGUAGE_SURE = 0.5   # a detected language less likely than this is shown as a guess
+
+
 def language_text(result: dict) -> str | None:
     """Speech: the language transcribed, and how it was chosen."""
     language = result.get("language")
     if not language:
         return None
-    how = (f"detected by the target (p = {language['probability']:.2f})" if language["detected"]
-           else "as chosen")
-    return f"Language: {language['code']}, {how}."
+    if not language["detected"]:
+        return f"Language: {language['code']}, as chosen."
+    unsure = ("; the target is unsure: if this is not the spoken language, pick it in the menu"
+              if language["probability"] < LANGUAGE_SURE else "")
+    return f"Language: {language['code']}, detected by the target (p = {language['probability']:.2f}){unsure}."
 
 
 def windows_text(result: dict) -> str | None:

@@ -38,7 +38,8 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
           "context": ("chat", "context_prompts.txt"), "translation": ("translation", "translation_prompts.txt"),
-          "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech")}
+          "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech"),
+          "speech-real": ("asr", "speech-real"), "speech-long": ("asr", "speech-long")}
 
 
 @dataclass(frozen=True)
