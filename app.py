@@ -100,30 +100,31 @@ def _handlers(service: Service):
     return make_handler, api_compare
 
 
-def _settings_section(first_defaults: tuple[int, str]) -> tuple:
+def _settings_section(first_defaults: tuple[int, int, str]) -> tuple:
     """The Settings accordion: max new tokens, temperature, window, draft source, schedule."""
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         with gr.Row():
-            max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=128, step=1, label="max new tokens",
-                                       elem_id="max-new-tokens")
+            max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=first_defaults[0], step=1,
+                                       label="max new tokens (speech: per 30 s window)", elem_id="max-new-tokens")
             temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)")
-            window = gr.Slider(*WINDOW_RANGE, value=first_defaults[0], step=1,
-                               label="initial window (num_assistant_tokens)")
+            window = gr.Slider(*WINDOW_RANGE, value=first_defaults[1], step=1,
+                               label="initial window (num_assistant_tokens)", elem_id="window")
         with gr.Row():
             draft_source = gr.Radio([(label, name) for name, label in DRAFT_SOURCES.items()], value="assistant",
                                     label="draft source")
-            schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[1],
+            schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[2], elem_id="schedule",
                                 label="window schedule (adaptive: each draft only while its confidence pays here)")
     return max_new_tokens, temperature, draft_source, window, schedule
 
 
-def _task_tab(service: Service, task: str, choices: list, pair_changed, window, schedule) -> tuple:
-    """One task's tab: its pair, its input, its Run and Run-again buttons, its examples."""
+def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_settings: list) -> tuple:
+    """One task's tab: its pair, its input, its Run and Run-again buttons, its examples. Returns the pair dropdown
+    too: picking the tab brings its pair's settings."""
     default = service.default_pair(choices)
     pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
     pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
-    # a pair's own defaults (window, schedule) come with it, as measured for it in models.yaml
-    pair.change(pair_changed, inputs=pair, outputs=[window, schedule, pair_info], api_visibility="private",
+    # a pair's own defaults (max new tokens, window, schedule) come with it, as measured for it in models.yaml
+    pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info], api_visibility="private",
                 queue=False)
     if task == "asr":
         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
@@ -144,7 +145,7 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, window, 
         rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
                           elem_id=f"rerun-{task}")
     gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
-    return (button, rerun), [pair, content, language]
+    return (button, rerun), [pair, content, language], (pair, pair_info)
 
 
 def _results_section() -> list:
@@ -186,24 +187,28 @@ def build_demo(service: Service) -> gr.Blocks:
     make_handler, api_compare = _handlers(service)
     choices_by_task = {task: service.pair_choices(task) for task in TASK_LABELS}  # availability once per task
     first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])
-    first_defaults = service.pair_defaults(first_pair) if first_pair else (5, "heuristic")
+    first_defaults = service.pair_defaults(first_pair) if first_pair else (128, 5, "heuristic")
 
     def pair_changed(name):
         if not name:
-            return gr.skip(), gr.skip(), ""
-        window_value, schedule_value = service.pair_defaults(name)
-        return window_value, schedule_value, service.pair_info(name)
+            return gr.skip(), gr.skip(), gr.skip(), ""
+        return (*service.pair_defaults(name), service.pair_info(name))
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
         max_new_tokens, temperature, draft_source, window, schedule = _settings_section(first_defaults)
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
+        pair_settings = [max_new_tokens, window, schedule]
         runs = []
         with gr.Tabs():
             for task, label in TASK_LABELS.items():
-                with gr.Tab(label, id=task):
-                    buttons, inputs = _task_tab(service, task, choices_by_task[task], pair_changed, window, schedule)
+                with gr.Tab(label, id=task) as tab:
+                    buttons, inputs, (pair, pair_info) = _task_tab(service, task, choices_by_task[task],
+                                                                    pair_changed, pair_settings)
                     runs.append((task, buttons, inputs))
+                # the settings are shared: a tab brings its own pair's
+                tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info], api_visibility="private",
+                           queue=False)
         outputs = _results_section()
         for task, (button, rerun), inputs in runs:
             for trigger in (button, rerun):

@@ -59,15 +59,16 @@ class Service:
         names = [self.default_pair(self.pair_choices(task)) for task in TASKS]
         return list(dict.fromkeys(name for name in names if name))
 
-    def pair_defaults(self, pair_name: str) -> tuple[int, str]:
-        """The pair's initial window and schedule, from models.yaml."""
+    def pair_defaults(self, pair_name: str) -> tuple[int, int, str]:
+        """The pair's max new tokens, initial window and schedule, from models.yaml."""
         spec = known_pair(self.catalog, pair_name)
-        return spec.num_assistant_tokens, spec.schedule
+        return spec.max_new_tokens, spec.num_assistant_tokens, spec.schedule
 
     def pair_info(self, pair_name: str) -> str:
         """One line under the pair dropdown: what the pair is, and its defaults."""
         spec = known_pair(self.catalog, pair_name)
-        return f"{spec.description} · defaults: window {spec.num_assistant_tokens}, schedule {spec.schedule}"
+        return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, window "
+                f"{spec.num_assistant_tokens}, schedule {spec.schedule}")
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:

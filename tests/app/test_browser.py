@@ -47,3 +47,15 @@ def test_bad_input_shows_an_error_and_keeps_the_input(browser, tiny_app):
     page.locator("#run-chat").click()
     page.get_by_text("the text is empty").first.wait_for(timeout=30_000)
     assert page.locator("#input-chat textarea").input_value() == "   "
+
+
+def test_a_tab_brings_its_pairs_own_settings(browser, tiny_app):
+    url, service = tiny_app
+    page = browser.new_page()
+    page.goto(url)
+    page.locator("#settings > button, #settings .label-wrap").first.click()
+    box = page.locator("#max-new-tokens input[type=number]")
+    assert box.input_value() == str(service.pair_defaults("tiny-text")[0])
+    page.get_by_role("tab", name="Speech recognition").click()
+    page.wait_for_function("(want) => document.querySelector('#max-new-tokens input[type=number]').value == want",
+                           arg=str(service.pair_defaults("tiny-speech")[0]), timeout=10_000)
