@@ -12,8 +12,10 @@ from typing import Callable
 
 import torch
 
-from .drafting import CandidateGenerator, Draft, draft_source
+from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, CandidateGenerator, Draft,
+                       PromptLookupCandidates)
 from .kv import CachedDecoder, eos_token_ids
+from .retokenizing import different_tokenizer_source
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import WindowSchedule, make_schedule
 
@@ -91,6 +93,27 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
         torch.cuda.synchronize(device)
         return time.perf_counter()
     return clock
+
+
+def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
+                 assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
+                 assistant_tokenizer=None) -> CandidateGenerator | None:
+    """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
+    own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
+    both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
+    none (the baseline). `encoder_outputs` are the target's, for a decoder-only assistant of an encoder-decoder
+    target (distil-Whisper's decoder reads Whisper's encoder output)."""
+    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
+    if assistant_model is None:
+        return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
+    if tokenizer is None:
+        source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
+                                                   encoder_outputs=encoder_outputs), eos)
+    else:
+        source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
+                                             assistant_tokenizer)
+    return AssistantWithLookupCandidates(source, eos) if prompt_lookup_num_tokens > 0 else source
 
 
 def decoder_prefix(model, inputs: dict) -> list[int]:

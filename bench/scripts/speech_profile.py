@@ -18,7 +18,7 @@ from pathlib import Path
 from assistgen.comparison.audio import load_audio
 from assistgen.comparison.compare import Settings, run_generation, warm_up
 from assistgen.comparison.speech import asr_inputs
-from assistgen.engine import drafting, kv
+from assistgen.engine import kv, retokenizing
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
 
@@ -61,8 +61,8 @@ def instrument(timers: Timers, pair) -> list:
         encoder = pair.assistant.model.get_encoder()
         restore.append((encoder, "forward", encoder.forward))
         timers.wrap(encoder, "forward", "assistant encoder")
-    restore.append((drafting, "translate_prefix", drafting.translate_prefix))
-    timers.wrap(drafting, "translate_prefix", "prefix translation")
+    restore.append((retokenizing, "translate_prefix", retokenizing.translate_prefix))
+    timers.wrap(retokenizing, "translate_prefix", "prefix translation")
     restore.append((kv.CachedDecoder, "logits", kv.CachedDecoder.logits))
     original_logits = kv.CachedDecoder.logits
 
@@ -84,7 +84,7 @@ def instrument(timers: Timers, pair) -> list:
 
 def undo(restore: list) -> None:
     for owner, name, original in reversed(restore):
-        if isinstance(owner, type) or owner is drafting:
+        if isinstance(owner, type) or owner is retokenizing:
             setattr(owner, name, original)
         else:
             try:

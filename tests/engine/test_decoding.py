@@ -302,7 +302,7 @@ def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
 
 
 def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_shorter_over_a_clip():
-    from assistgen.engine.drafting import clip_encoder_outputs
+    from assistgen.engine.retokenizing import clip_encoder_outputs
     model = tm.whisper(2)
     features = tm.whisper_inputs(2)["input_features"]   # 32 frames: the tiny model's whole window
     with torch.inference_mode():
@@ -314,9 +314,9 @@ def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_s
 
 
 def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypatch):
-    from assistgen.engine import drafting
+    from assistgen.engine import retokenizing
     from helpers import whisper_tokenizer
-    monkeypatch.setattr(drafting, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
+    monkeypatch.setattr(retokenizing, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
     tokenizer = whisper_tokenizer()
     target = tm.whisper(0)
     target.resize_token_embeddings(len(tokenizer))
@@ -328,8 +328,9 @@ def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypa
     inputs["decoder_input_ids"] = torch.tensor([tokenizer.convert_tokens_to_ids(
         ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])])
     seen = []
-    original = drafting.clip_encoder_outputs
-    monkeypatch.setattr(drafting, "clip_encoder_outputs", lambda *a, **k: seen.append(a[2]) or original(*a, **k))
+    original = retokenizing.clip_encoder_outputs
+    monkeypatch.setattr(retokenizing, "clip_encoder_outputs",
+                        lambda *a, **k: seen.append(a[2]) or original(*a, **k))
     baseline = generate(target, inputs, max_new_tokens=20)
     assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
                         max_new_tokens=20)
