@@ -87,11 +87,11 @@ def _handlers(service: Service):
                     num_assistant_tokens: float | None = None, language: str | None = None,
                     target_language: str | None = None) -> dict:
         """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
-        --json`. schedule and num_assistant_tokens default to the pair's own (models.yaml); language (speech) to
-        auto-detection; target_language (translation) to French."""
+        --json`. draft_source, schedule and num_assistant_tokens default to the pair's own (models.yaml); language
+        (speech) to auto-detection; target_language (translation) to French."""
         try:
             settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
-                                        draft_source=draft_source or "assistant", schedule=schedule or None,
+                                        draft_source=draft_source or None, schedule=schedule or None,
                                         num_assistant_tokens=num_assistant_tokens)
             return service.run(task, pair, text=text, audio=audio, settings=settings, language=language or None,
                                target_language=target_language or "French").to_dict()
@@ -100,19 +100,19 @@ def _handlers(service: Service):
     return make_handler, api_compare
 
 
-def _settings_section(first_defaults: tuple[int, int, str]) -> tuple:
+def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
     """The Settings accordion: max new tokens, temperature, window, draft source, schedule."""
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         with gr.Row():
             max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=first_defaults[0], step=1,
                                        label="max new tokens (speech: per 30 s window)", elem_id="max-new-tokens")
             temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)")
-            window = gr.Slider(*WINDOW_RANGE, value=first_defaults[1], step=1,
+            window = gr.Slider(*WINDOW_RANGE, value=first_defaults[2], step=1,
                                label="initial window (num_assistant_tokens)", elem_id="window")
         with gr.Row():
-            draft_source = gr.Radio([(label, name) for name, label in DRAFT_SOURCES.items()], value="assistant",
-                                    label="draft source")
-            schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[2], elem_id="schedule",
+            draft_source = gr.Radio([(label, name) for name, label in DRAFT_SOURCES.items()], value=first_defaults[1],
+                                    label="draft source", elem_id="draft-source")
+            schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[3], elem_id="schedule",
                                 label="window schedule (adaptive: each draft only while its confidence pays here)")
     return max_new_tokens, temperature, draft_source, window, schedule
 
@@ -187,18 +187,18 @@ def build_demo(service: Service) -> gr.Blocks:
     make_handler, api_compare = _handlers(service)
     choices_by_task = {task: service.pair_choices(task) for task in TASK_LABELS}  # availability once per task
     first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])
-    first_defaults = service.pair_defaults(first_pair) if first_pair else (128, 5, "heuristic")
+    first_defaults = service.pair_defaults(first_pair) if first_pair else (128, "assistant", 5, "heuristic")
 
     def pair_changed(name):
         if not name:
-            return gr.skip(), gr.skip(), gr.skip(), ""
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), ""
         return (*service.pair_defaults(name), service.pair_info(name))
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
         max_new_tokens, temperature, draft_source, window, schedule = _settings_section(first_defaults)
         settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
-        pair_settings = [max_new_tokens, window, schedule]
+        pair_settings = [max_new_tokens, draft_source, window, schedule]
         runs = []
         with gr.Tabs():
             for task, label in TASK_LABELS.items():

@@ -98,3 +98,55 @@ def test_smollm2_assists_qwen_across_tokenizers(real_service):
     assert result.identical, (result.baseline_text, result.assisted_text)
     assert result.assisted.acceptance_rate > 0.3
     assert result.assisted.target_passes < result.baseline.target_passes
+
+
+def test_a_real_recording_over_30_s_is_transcribed_in_windows_identically_and_accurately(real_service):
+    from assistgen.comparison.audio import load_audio
+    from assistgen.comparison.speech import speech_windows
+    from helpers import ROOT
+    pair = real_service.pool.pair("whisper-base+tiny.en-int8")
+    samples = load_audio(ROOT / "bench" / "inputs" / "speech-long" / "two-cities.flac")   # 44 s of LibriVox
+    windows = speech_windows(pair, samples, language="en")
+    result = compare(pair, "asr", windows, Settings(max_new_tokens=224))
+    assert len(windows) == 2 and result.identical
+    reference = words((ROOT / "bench" / "inputs" / "speech-long" / "two-cities.txt").read_text())
+    heard = words(result.baseline_text)
+    assert len(set(reference) - set(heard)) <= 3   # Whisper base reads it near perfectly (README, Long recordings)
+    per_window = result.to_dict()["windows"]
+    assert sum(w["baseline"]["new_tokens"] for w in per_window) == len(result.baseline.new_tokens)
+
+
+def test_german_speech_is_detected_and_the_english_only_assistant_stops_drafting(real_service):
+    from assistgen.app.service import Service
+    from assistgen.comparison.audio import load_audio
+    from assistgen.comparison.speech import speech_windows
+    from helpers import ROOT
+    pair = real_service.pool.pair("whisper-base+tiny.en-int8")
+    samples = load_audio(ROOT / "bench" / "inputs" / "speech-other" / "de-150.flac")
+    language = Service.speech_language(pair, samples, "auto")
+    assert language["code"] == "de" and language["probability"] > 0.5
+    result = compare(pair, "asr", speech_windows(pair, samples, language="de"), Settings(max_new_tokens=60),
+                     language=language)
+    assert result.identical and result.draft_source == "none" and result.assisted.assistant_passes == 0
+    assert {"abend", "regnen"} <= set(words(result.baseline_text))
+    assert any("drafting is off" in w for w in result.warnings())
+
+
+def test_a_target_mostly_on_disk_decodes_exactly_as_in_memory(real_service):
+    pair = real_service.pool.pair("qwen2.5-coder-1.5b-offload+0.5b-int8")
+    from assistgen.models.loading import offloaded
+    assert offloaded(pair.target.model) and pair.target.num_bytes < 2.5e9   # the 2 GiB cap, not 6.2 GB
+    inputs = text_inputs(pair, "chat", PROMPTS[0])
+    result = compare(pair, "chat", inputs, Settings(max_new_tokens=16))
+    assert result.identical
+    in_memory = real_service.pool.pair(CHAT)
+    assert result.baseline.new_tokens == compare(in_memory, "chat", inputs, Settings(max_new_tokens=16)).baseline.new_tokens
+
+
+def test_a_bitsandbytes_int8_target_keeps_greedy_output_when_rows_are_verified_together(real_service):
+    pair = real_service.pool.pair("qwen2.5-coder-1.5b-int8+0.5b-int8")
+    assert pair.target.spec.quantization == "int8"
+    result = compare(pair, "chat", text_inputs(pair, "chat", PROMPTS[0]), Settings(max_new_tokens=32))
+    assert result.identical, (result.baseline_text, result.assisted_text)
+    assert max(len(s.candidates) for s in result.assisted.steps) >= 3   # several rows verified in one pass
+    assert "bitsandbytes" in result.identical_note()

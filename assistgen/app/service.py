@@ -12,7 +12,7 @@ import numpy as np
 
 from ..comparison.audio import load_audio, max_audio_seconds
 from ..models.catalog import Catalog
-from ..choices import TASKS
+from ..choices import DRAFT_SOURCES, TASKS
 from ..comparison.compare import Comparison, Settings, compare, warm_up
 from ..models.loading import LoadError, LoadedPair, default_device, pair_availability
 from ..models.pool import ModelPool
@@ -59,16 +59,16 @@ class Service:
         names = [self.default_pair(self.pair_choices(task)) for task in TASKS]
         return list(dict.fromkeys(name for name in names if name))
 
-    def pair_defaults(self, pair_name: str) -> tuple[int, int, str]:
-        """The pair's max new tokens, initial window and schedule, from models.yaml."""
+    def pair_defaults(self, pair_name: str) -> tuple[int, str, int, str]:
+        """The pair's max new tokens, draft source, initial window and schedule, from models.yaml."""
         spec = known_pair(self.catalog, pair_name)
-        return spec.max_new_tokens, spec.num_assistant_tokens, spec.schedule
+        return spec.max_new_tokens, spec.draft_source, spec.num_assistant_tokens, spec.schedule
 
     def pair_info(self, pair_name: str) -> str:
         """One line under the pair dropdown: what the pair is, and its defaults."""
         spec = known_pair(self.catalog, pair_name)
-        return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, window "
-                f"{spec.num_assistant_tokens}, schedule {spec.schedule}")
+        return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
+                f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}")
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:

@@ -50,7 +50,7 @@ def number(name: str, value, kind: type):
     return value
 
 
-def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, draft_source="assistant",
+def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, draft_source=None,
                      num_assistant_tokens=None, schedule=None, seed=0, max_time_s: float | None = None) -> Settings:
     """Settings from a request's raw values; what is not given comes from the pair's own defaults (models.yaml)."""
     max_new_tokens = (spec.max_new_tokens if max_new_tokens is None
@@ -58,7 +58,8 @@ def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, dr
     window = (spec.num_assistant_tokens if num_assistant_tokens is None
               else number("initial window", num_assistant_tokens, int))
     settings = Settings(max_new_tokens=max_new_tokens, temperature=float(number("temperature", temperature, float)),
-                        draft_source=draft_source, num_assistant_tokens=window, schedule=schedule or spec.schedule,
+                        draft_source=draft_source or spec.draft_source, num_assistant_tokens=window,
+                        schedule=schedule or spec.schedule,
                         seed=int(number("seed", seed, int)), max_time_s=max_time_s)
     try:
         return settings.validate()

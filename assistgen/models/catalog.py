@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..choices import MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
+from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
 from .packs import PackFile, PackPart
 
 PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
@@ -56,6 +56,7 @@ class PairSpec:
     max_new_tokens: int = 128
     num_assistant_tokens: int = 5
     schedule: str = "heuristic"
+    draft_source: str = "assistant"
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
         return models[ref]
 
     defaults = where.mapping(raw.get("defaults", {}), "defaults")
-    where.unknown_keys(defaults, {"max_new_tokens", "num_assistant_tokens", "schedule"})
+    where.unknown_keys(defaults, {"max_new_tokens", "num_assistant_tokens", "schedule", "draft_source"})
     max_new = where.get(defaults, "max_new_tokens", int, default=128)
     window = where.get(defaults, "num_assistant_tokens", int, default=5)
     if not MAX_NEW_TOKENS_RANGE[0] <= max_new <= MAX_NEW_TOKENS_RANGE[1]:
@@ -211,7 +212,9 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
     return PairSpec(name=name, description=where.get(raw, "description", str, default=""), tasks=tuple(tasks),
                     target=model("target", True), assistant=model("assistant", False), prompt_style=style,
                     max_new_tokens=max_new, num_assistant_tokens=window,
-                    schedule=where.get(defaults, "schedule", str, default="heuristic", choices=SCHEDULE_NAMES))
+                    schedule=where.get(defaults, "schedule", str, default="heuristic", choices=SCHEDULE_NAMES),
+                    draft_source=where.get(defaults, "draft_source", str, default="assistant",
+                                           choices=tuple(DRAFT_SOURCES)))
 
 
 def load_catalog(path: str | os.PathLike | None = None) -> Catalog:

@@ -39,7 +39,8 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
           "context": ("chat", "context_prompts.txt"), "translation": ("translation", "translation_prompts.txt"),
           "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech"),
-          "speech-real": ("asr", "speech-real"), "speech-long": ("asr", "speech-long")}
+          "speech-real": ("asr", "speech-real"), "speech-long": ("asr", "speech-long"),
+          "speech-other": ("asr", "speech-other")}
 
 
 @dataclass(frozen=True)
@@ -194,15 +195,16 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
 
 # --- the loop -------------------------------------------------------------------------------------------------------
 
-def configs_for(pair, draft_sources: list[str], schedules: list[str] | None, peer: bool) -> list[Config]:
-    """The baseline, then each draft source with each schedule (the pair's own when `schedules` is None)."""
+def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | None, peer: bool) -> list[Config]:
+    """The baseline, then each draft source with each schedule (the pair's own when None)."""
     schedules = schedules or [pair.spec.schedule]
+    draft_sources = draft_sources or [pair.spec.draft_source]
     configs = [BASELINE]
     for source in draft_sources:
         if source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
             continue
         configs += [Config("assistgen", source, schedule) for schedule in schedules]
-    if peer and pair.assistant_usable:
+    if peer and pair.assistant_usable and any(s != "prompt_lookup" for s in draft_sources):
         # transformers has no "adaptive" schedule: its peer runs the seed's heuristic (5 tokens) and its own defaults
         # (20 tokens, constant, confidence threshold 0.4)
         configs += [Config("transformers", "assistant", s) for s in dict.fromkeys(
@@ -221,7 +223,7 @@ def model_inputs(pair, item: Item):
     return text_inputs(pair, item.task, item.text, target_language=item.target_language)
 
 
-def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str],
+def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
               schedules: list[str] | None, repeats: int, max_new_tokens: int, num_assistant_tokens: int | None = None,
               peer: bool = False, progress=None, log=None) -> list[dict]:
     """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
@@ -308,7 +310,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="at most this many items per set")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
-    p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=["assistant"])
+    p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=None,
+                   help="comma-separated, of " + ", ".join(DRAFT_SOURCES) + " (default: each pair's own)")
     p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=None,
                    help="comma-separated (default: each pair's own, from models.yaml, as the app runs it)")
     p.add_argument("--num-assistant-tokens", type=int, default=None,

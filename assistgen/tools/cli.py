@@ -75,7 +75,7 @@ def cmd_compare(args) -> int:
     if (args.task == "asr") != (args.audio is not None) or (args.text is None and args.audio is None):
         raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
     settings = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
-                        temperature=args.temperature, draft_source=args.draft_source,
+                        temperature=args.temperature, draft_source=args.draft_source or spec.draft_source,
                         num_assistant_tokens=(spec.num_assistant_tokens if args.num_assistant_tokens is None
                                               else args.num_assistant_tokens),
                         schedule=args.schedule or spec.schedule, seed=args.seed)
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--audio")
     comp.add_argument("--max-new-tokens", type=int)
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    comp.add_argument("--draft-source", choices=list(DRAFT_SOURCES), default="assistant")
+    comp.add_argument("--draft-source", choices=list(DRAFT_SOURCES), help="default: the pair's own (models.yaml)")
     comp.add_argument("--num-assistant-tokens", type=int)
     comp.add_argument("--schedule", choices=SCHEDULE_NAMES)
     comp.add_argument("--target-language", default="French", choices=LANGUAGES, help="translation: into this")

@@ -141,7 +141,7 @@ def test_schedule_and_window_through_the_api_default_to_the_pairs_own(client):
 
 def test_each_pair_shows_its_description_and_defaults(tiny_app):
     _, service = tiny_app
-    assert service.pair_defaults("tiny-text") == (24, 5, "heuristic")
+    assert service.pair_defaults("tiny-text") == (24, "assistant", 5, "heuristic")
     info = service.pair_info("tiny-text")
     assert "window 5" in info and "schedule heuristic" in info
 

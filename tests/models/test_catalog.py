@@ -59,6 +59,7 @@ def mutate(path_keys, value):
     (mutate(["pairs", 0, "defaults"], {"max_new_tokens": 0}), "key 'max_new_tokens': must be between 1 and 1024"),
     (mutate(["pairs", 0, "defaults"], {"max_new_tokens": "many"}), "key 'max_new_tokens': expected int"),
     (mutate(["pairs", 0, "defaults"], {"schedule": "sometimes"}), "key 'schedule'"),
+    (mutate(["pairs", 0, "defaults"], {"draft_source": "oracle"}), "key 'draft_source': 'oracle' is not one of"),
     (mutate(["pairs", 0, "colour"], "red"), "pair 'big+small', key 'colour': unknown key"),
     (mutate(["models", "big", "dtype"], "float8"), "model 'big', key 'dtype'"),
     (mutate(["models", "big", "quantization"], "2bit"), "model 'big', key 'quantization'"),
