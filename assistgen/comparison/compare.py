@@ -232,6 +232,19 @@ def first_inputs(inputs: Inputs) -> dict:
     return inputs if isinstance(inputs, dict) else inputs[0].inputs
 
 
+def effective_draft_source(pair: LoadedPair, task: str, inputs: Inputs, draft_source: str | None
+                           ) -> tuple[str | None, str | None]:
+    """(the draft source a run uses, why drafting is off or None): prompt lookup for a pair without a usable
+    assistant (the pair's reason is its mode_reason), nothing where the assistant cannot help (see
+    `drafting_off_reason`). The page, the API, the CLI and bench all decide through here."""
+    off = drafting_off_reason(pair, task, inputs)
+    if draft_source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
+        return "prompt_lookup", off
+    if draft_source in ("assistant", "assistant_lookup") and off is not None:
+        return None, off
+    return draft_source, off
+
+
 def drafting_off_reason(pair: LoadedPair, task: str, inputs: Inputs) -> str | None:
     """Why the pair's assistant cannot help with this input, or None: an English-only Whisper assistant on speech in
     another language would draft English words, all rejected, and slow the run down."""
@@ -285,11 +298,7 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     settings.validate()
     phase = on_phase or (lambda name: None)
     window = on_window or (lambda run, index, total, w: None)
-    draft_source, off = settings.draft_source, drafting_off_reason(pair, task, inputs)
-    if draft_source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
-        draft_source = "prompt_lookup"  # the pair's reason is in pair.mode_reason and shown to the user
-    if draft_source in ("assistant", "assistant_lookup") and off is not None:
-        draft_source = None
+    draft_source, off = effective_draft_source(pair, task, inputs, settings.draft_source)
     first = first_inputs(inputs)
     total = 1 if isinstance(inputs, dict) else len(inputs)
     phase("warm-up")

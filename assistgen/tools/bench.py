@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
-from ..comparison.compare import Settings, cost_ratio, first_inputs, run_generation, time_breakdown, warm_up
+from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
+                                  time_breakdown, warm_up)
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
+from ..models.loading import offloaded
 from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
 from .report import markdown, plots, summarize
@@ -149,13 +151,16 @@ def _peer(pair, inputs: dict, settings: Settings, schedule: str) -> tuple[list[i
     return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 
 
-def run_once(pair, inputs, settings: Settings, config: Config) -> dict:
+def run_once(pair, task: str, inputs, settings: Settings, config: Config) -> dict:
+    """One run of one configuration, our loop deciding its draft source as the app does (no drafts where the
+    assistant cannot help)."""
     if config.engine == "transformers":   # a recording's windows one after the other, as ours
         runs = [_peer(pair, window, settings, config.schedule) for window in
                 ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
         return {"tokens": [t for tokens, _ in runs for t in tokens], "latency_s": sum(s for _, s in runs),
                 "result": None}
-    result = run_generation(pair, inputs, settings, draft_source=config.draft_source)
+    source = config.draft_source and effective_draft_source(pair, task, inputs, config.draft_source)[0]
+    result = run_generation(pair, inputs, settings, draft_source=source)
     return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result}
 
 
@@ -248,7 +253,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
                                     schedule=config.schedule if config.schedule in SCHEDULE_NAMES
                                     else "heuristic").validate()
                 try:
-                    runs[p][config] = run_once(pair, inputs[p], settings, config)
+                    runs[p][config] = run_once(pair, item.task, inputs[p], settings, config)
                 except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
                     if config.engine != "transformers":
                         raise
@@ -365,7 +370,8 @@ def run(args: argparse.Namespace) -> int:
             "items": {i.name: i.text or i.audio for i in items}}
     if not args.no_floor and first.target.model.device.type == "cpu":
         bandwidth = memory_bandwidth_gb_s()
-        meta["floor"] = {p.spec.name: floor(p, bandwidth) for p in pairs}
+        # an offloaded target's weights come back from disk at every pass: memory bandwidth does not bound it
+        meta["floor"] = {p.spec.name: floor(p, bandwidth) for p in pairs if not offloaded(p.target.model)}
     if args.verify_curve:
         meta["verify_curves"] = {p.spec.name: verify_curve(p.target.model, first_inputs(model_inputs(p, items[0])))
                                  for p in pairs}
