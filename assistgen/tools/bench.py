@@ -229,10 +229,11 @@ def model_inputs(pair, item: Item):
 
 
 def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
-              schedules: list[str] | None, repeats: int, max_new_tokens: int, num_assistant_tokens: int | None = None,
+              schedules: list[str] | None, repeats: int, max_new_tokens: int | None,
+              num_assistant_tokens: int | None = None,
               peer: bool = False, progress=None, log=None) -> list[dict]:
     """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
-    per run."""
+    per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it."""
     pairs = pairs if isinstance(pairs, (list, tuple)) else [pairs]
     prepared = [(item, [model_inputs(pair, item) for pair in pairs]) for item in items]
     for i, pair in enumerate(pairs):
@@ -247,7 +248,8 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
         for p in [(n + i) % len(pairs) for i in range(len(pairs))]:   # pairs and configurations rotate by item
             pair, own = pairs[p], configs[p]
             for config in own[n % len(own):] + own[:n % len(own)]:
-                settings = Settings(max_new_tokens=max_new_tokens, temperature=temperature, seed=repeat,
+                settings = Settings(max_new_tokens=max_new_tokens or pair.spec.max_new_tokens,
+                                    temperature=temperature, seed=repeat,
                                     draft_source=config.draft_source or "assistant",
                                     num_assistant_tokens=num_assistant_tokens or pair.spec.num_assistant_tokens,
                                     schedule=config.schedule if config.schedule in SCHEDULE_NAMES
@@ -313,7 +315,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="chat", choices=TEXT_TASKS,
                    help="task for --prompts (default chat)")
     p.add_argument("--limit", type=int, help="at most this many items per set")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="per run (a recording: per 30 s window); default: each pair's own, as in the app")
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
     p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=None,
                    help="comma-separated, of " + ", ".join(DRAFT_SOURCES) + " (default: each pair's own)")
@@ -339,7 +342,7 @@ def _items(args, specs) -> list[Item]:
         wrong = sorted({i.task for i in items} - set(spec.tasks))
         if wrong:
             raise ValueError(f"pair {spec.name!r} does not do {', '.join(wrong)}; it does {', '.join(spec.tasks)}")
-    if args.repeats < 1 or not 1 <= args.max_new_tokens <= 1024:
+    if args.repeats < 1 or (args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= 1024):
         raise ValueError("--repeats must be at least 1 and --max-new-tokens from 1 to 1024")
     return items
 
@@ -365,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "dtype": str(first.target.model.dtype).removeprefix("torch."), "max_new_tokens": args.max_new_tokens,
+            "dtype": str(first.target.model.dtype).removeprefix("torch."),
+            "max_new_tokens": args.max_new_tokens or {spec.name: spec.max_new_tokens for spec in specs},
             "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
             "items": {i.name: i.text or i.audio for i in items}}
     if not args.no_floor and first.target.model.device.type == "cpu":

@@ -20,6 +20,13 @@ def _quantile(values, q):
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
+def _budget(max_new_tokens) -> str:
+    """The run's token budget: one number, or each pair's own."""
+    if isinstance(max_new_tokens, dict):
+        return "each pair's own (" + ", ".join(f"{name}: {n}" for name, n in max_new_tokens.items()) + ")"
+    return str(max_new_tokens)
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per (pair, suite, temperature, configuration): medians over items and repeats, with the speedup's
     spread, and where the time went."""
@@ -61,7 +68,7 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
     pairs = meta["pairs"]
     lines = [f"# assistgen bench: {', '.join(pairs)}", "",
              f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
-             f"threads; {meta['dtype']}; max_new_tokens {meta['max_new_tokens']}; {meta['repeats']} repeat(s); "
+             f"threads; {meta['dtype']}; max_new_tokens {_budget(meta['max_new_tokens'])}; {meta['repeats']} repeat(s); "
              f"{meta['date']}.", "", f"Command: `{meta['command']}`", "",
              "Speedup = baseline latency / assisted latency of the same item, repeat and temperature, with the same "
              "pair's target; medians over items x repeats, spread min–max. transformers' peer runs the heuristic "

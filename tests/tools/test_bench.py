@@ -106,3 +106,14 @@ def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
     result = floor(pair, bandwidth_gb_s=10.0)
     assert result["bytes_per_token"] == nbytes - embedding.numel() * 4
     assert result["floor_ms_per_token"] == round(1000 * result["bytes_per_token"] / 10e9, 2)
+
+
+def test_bench_without_a_token_budget_runs_each_pair_at_its_own(tiny_catalog_path, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("count with me: one two three four five six seven eight\n")
+    out = bench(tiny_catalog_path, tmp_path / "out", "--prompts", str(prompts))
+    assert out.returncode == 0, out.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["meta"]["max_new_tokens"] == {"tiny-text": 24}   # the pair's default in its catalog
+    assert max(r["new_tokens"] for r in results["runs"]) == 24
+    assert "max_new_tokens each pair's own (tiny-text: 24)" in (tmp_path / "out" / "results.md").read_text()
