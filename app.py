@@ -65,8 +65,7 @@ OUTPUT_KEYS = ["status", "baseline_html", "baseline_figures", "assisted_html", "
 def _handlers(service: Service):
     """The page's Run handler for a task, and the /compare API function."""
     def make_handler(task: str):
-        def handler(pair, content, language, max_new_tokens, temperature, draft_source, window, schedule,
-                    progress=gr.Progress()):
+        def handler(pair, content, language, max_new_tokens, temperature, draft_source, window, schedule):
             view = LiveView()
             try:
                 settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -75,8 +74,6 @@ def _handlers(service: Service):
                 kwargs = ({"audio": content, "language": language} if task == "asr" else
                           {"text": content, "target_language": language or "French"})
                 for snap in service.stream(task, pair, settings=settings, **kwargs):
-                    if snap.phase == "loading":
-                        progress(snap.fraction, desc=snap.message)
                     yield _outputs_list(view.outputs(snap), OUTPUT_KEYS)
             except Exception as exc:
                 raise _as_gradio_error(exc) from None
@@ -214,7 +211,10 @@ def build_demo(service: Service) -> gr.Blocks:
             for trigger in (button, rerun):
                 trigger.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs + [rerun],
                               concurrency_id="model", concurrency_limit=1, api_visibility="private",
-                              show_progress_on=[outputs[0]])
+                              # the status line says what runs (and a load's progress): Gradio's own progress
+                              # overlay animated in the browser at about a fifth of a core during the timed runs
+                              # (measured on two cores), which the page's baseline paid and the CLI's did not
+                              show_progress="hidden")
         _api_endpoint(api_compare)
     return demo
 

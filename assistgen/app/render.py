@@ -206,6 +206,8 @@ class LiveView:
     def outputs(self, snap) -> dict:
         out = {}
         status = f"**{snap.phase}**: {snap.message}"
+        if snap.phase == "loading" and snap.fraction:
+            status += f" ({snap.fraction:.0%})"
         if status != self._status:
             out["status"] = self._status = status
         if snap.pair is None:  # a new run: clear the previous one's results

@@ -19,3 +19,14 @@ def test_the_chart_shows_withheld_drafts_only_when_there_are_some():
     assert labels == ["window", "verified", "withheld", "accepted"]
     plain = [{**s, "withheld": 0} for s in STEPS]
     assert "withheld" not in [t.get_text() for t in steps_figure(plain).axes[0].get_legend().get_texts()]
+
+
+def test_a_loads_progress_is_in_the_status_line():
+    """The page hides Gradio's animated progress overlay (it cost the timed runs CPU), so the status says it."""
+    from assistgen.app.render import LiveView
+    from assistgen.app.streaming import Snapshot
+    view = LiveView()
+    assert view.outputs(Snapshot("loading", "waiting for the model worker"))["status"] == \
+        "**loading**: waiting for the model worker"
+    status = view.outputs(Snapshot("loading", "qwen2.5-coder-1.5b-instruct: packing", fraction=0.42))["status"]
+    assert status == "**loading**: qwen2.5-coder-1.5b-instruct: packing (42%)"
