@@ -13,7 +13,8 @@ import statistics
 from pathlib import Path
 
 from assistgen.comparison.audio import load_audio
-from assistgen.comparison.compare import Settings, run_generation, warm_up
+from assistgen.app.validation import request_settings
+from assistgen.comparison.compare import run_generation, warm_up
 from assistgen.comparison.speech import speech_windows
 from assistgen.engine import retokenizing
 from assistgen.models.catalog import load_catalog
@@ -35,8 +36,7 @@ def main() -> None:
     catalog = load_catalog()
     pair = ModelPool(catalog).pair(args.pair)
     spec = catalog.pair(args.pair)
-    settings = Settings(max_new_tokens=spec.max_new_tokens, num_assistant_tokens=spec.num_assistant_tokens,
-                        schedule=spec.schedule)
+    settings = request_settings(spec)   # the pair's own defaults, as the app takes them
     clips = [speech_windows(pair, load_audio(p), language="en") for p in sorted(CLIPS.glob("*.flac"))]
     warm_up(pair, clips[0][0].inputs)
     rows = {name: [] for name in LEVERS}

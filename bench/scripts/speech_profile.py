@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from assistgen.comparison.audio import load_audio
+from assistgen.app.validation import request_settings
 from assistgen.comparison.compare import Settings, run_generation, warm_up
 from assistgen.comparison.speech import asr_inputs
 from assistgen.engine import kv, retokenizing
@@ -113,8 +114,7 @@ def main() -> None:
     catalog = load_catalog()
     pair = ModelPool(catalog).pair(args.pair)
     spec = catalog.pair(args.pair)
-    settings = Settings(max_new_tokens=args.max_new_tokens, num_assistant_tokens=spec.num_assistant_tokens,
-                        schedule=spec.schedule)
+    settings = request_settings(spec, max_new_tokens=args.max_new_tokens)   # else the pair's own defaults
     for clip in args.clips:
         audio = load_audio(clip)
         start = time.perf_counter()
