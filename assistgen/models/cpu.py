@@ -6,6 +6,11 @@ packed once in its blocked layout, stays close to memory bandwidth, so verifying
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -20,12 +25,19 @@ class OneDNNLinear(nn.Module):
     """``nn.Linear`` with its weight packed once in oneDNN's blocked layout, applied to dense activations (fp32, CPU,
     inference only): no conversion of the activations in or out at each call."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, packed: torch.Tensor | None = None, backing: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
+        if packed is None:
+            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
+        self._backing = backing   # the memory `packed` lives in, when it was wrapped rather than packed here
+
+    @classmethod
+    def from_packed(cls, linear: nn.Linear, packed: torch.Tensor, backing: torch.Tensor) -> "OneDNNLinear":
+        """A layer on a weight packed earlier (`mkldnn_tensor_from_blob` over `backing`, which it keeps alive)."""
+        return cls(linear, packed, backing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
@@ -36,6 +48,59 @@ class OneDNNLinear(nn.Module):
 
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available()
+
+
+@functools.lru_cache(maxsize=1)
+def _libtorch():
+    """libtorch_cpu's C functions that wrap memory as a oneDNN tensor (the ones AOTInductor's compiled models use
+    for their packed constants); None where this torch build lacks them."""
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        create = lib.aoti_torch_create_tensor_from_blob_v2
+        for name in ("aoti_torch_dtype_float32", "aoti_torch_device_type_cpu", "aoti_torch_layout__mkldnn"):
+            getattr(lib, name).restype = ctypes.c_int32
+        create.restype = ctypes.c_int32
+        create.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                           ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p),
+                           ctypes.c_int32, ctypes.c_char_p, ctypes.c_int64]
+        ctypes.pythonapi.PyCapsule_New.restype = ctypes.py_object
+        ctypes.pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr  # noqa: B018 (present?)
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+def blob_tensors_available() -> bool:
+    return _libtorch() is not None
+
+
+def mkldnn_tensor_from_blob(backing: torch.Tensor, shape: list[int], metadata: bytes) -> torch.Tensor:
+    """A fp32 oneDNN tensor of `shape` whose packed bytes are `backing`'s (not copied: keep `backing` alive as long
+    as the tensor), laid out as `metadata` (``torch.ops.mkldnn._get_mkldnn_serialized_md`` of the packed tensor the
+    bytes came from) says."""
+    lib = _libtorch()
+    if lib is None:
+        raise RuntimeError("this torch build cannot wrap packed oneDNN weights")
+    if backing.dtype != torch.uint8 or not backing.is_contiguous() or backing.device.type != "cpu":
+        raise ValueError("the packed bytes must be a contiguous uint8 CPU tensor")
+    sizes = (ctypes.c_int64 * len(shape))(*shape)
+    strides = (ctypes.c_int64 * len(shape))(*[1] * len(shape))
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    handle = ctypes.c_void_p()
+    rc = lib.aoti_torch_create_tensor_from_blob_v2(
+        backing.data_ptr(), len(shape), sizes, strides, 0, lib.aoti_torch_dtype_float32(),
+        lib.aoti_torch_device_type_cpu(), 0, ctypes.byref(handle), lib.aoti_torch_layout__mkldnn(), metadata,
+        len(metadata))
+    if rc != 0 or not handle.value:
+        raise RuntimeError("wrapping packed oneDNN weights failed")
+    tensor = torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr(
+        ctypes.pythonapi.PyCapsule_New(handle.value, None, None))
+    if torch.ops.mkldnn._nbytes(tensor) != backing.numel():
+        raise ValueError(f"the packed bytes ({backing.numel()}) do not match the layout "
+                         f"({torch.ops.mkldnn._nbytes(tensor)})")
+    return tensor
 
 
 # A weight tied to another module (an output layer sharing the embeddings) is packed as a second copy up to this
@@ -95,10 +160,12 @@ def onednn_for_offloaded(model: nn.Module) -> int:
     return swapped
 
 
-def materialize(model: nn.Module, *, onednn: bool) -> None:
-    """Move memory-mapped weights into process memory, once: linear layers into oneDNN's layout when `onednn`,
-    every other parameter by a plain copy."""
+def materialize(model: nn.Module, *, onednn: bool, packed: Callable[[nn.Module], int] | None = None) -> None:
+    """Move memory-mapped weights into process memory, once: linear layers into oneDNN's layout when `onednn`
+    (from the cache's packed bytes first, through `packed`, when given), every other parameter by a plain copy."""
     if onednn:
+        if packed is not None:
+            packed(model)
         use_onednn_linears(model)
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):

@@ -317,21 +317,22 @@ def load_cached(out_dir: Path, dtype: torch.dtype = torch.float32, *, tokenizer:
     process memory, where the page cache cannot evict them mid-generation.
     """
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-    from transformers.initialization import no_init_weights
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from .skeleton import check_filled, empty_model
 
     out_dir = Path(out_dir)
     state_dict: dict[str, torch.Tensor] = {}
     for file in sorted(out_dir.glob("*.safetensors")):
         state_dict.update(map_safetensors(file, dtype))
     config = AutoConfig.from_pretrained(out_dir)
-    with no_init_weights():  # parameters are allocated untouched, then replaced by the mapped tensors
-        model = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]._from_config(config, dtype=dtype)
+    model = empty_model(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config, dtype)  # filled by the mapped tensors
     if config.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)
     model.load_state_dict(state_dict, assign=True, strict=not config.tie_word_embeddings)
     if config.tie_word_embeddings:
         model.tie_weights()
+    check_filled(model)
     model.config._name_or_path = model.name_or_path = str(out_dir)
     model.generation_config = GenerationConfig.from_pretrained(out_dir)
     return model.eval(), AutoTokenizer.from_pretrained(out_dir) if tokenizer else None

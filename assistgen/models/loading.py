@@ -225,7 +225,10 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
             return False
     if not _converted(spec, catalog, dtype, files, out_dir):
         return False
-    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir)
+    if spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(out_dir):
+        return False
+    from .packed import can_store
+    return not (packs_onednn(spec, device) and can_store()) or packed_stored(out_dir)
 
 
 def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
@@ -254,6 +257,31 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
         ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
         (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
     return out_dir, True
+
+
+def packs_onednn(spec: ModelSpec, device: torch.device) -> bool:
+    """Whether a model's linear layers are packed into oneDNN's layout at load (fp32 on the CPU, wholly in memory)."""
+    return (device.type == "cpu" and spec.quantization == "none" and not spec.device_map
+            and torch_dtype(spec.dtype, device) == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
+
+
+def packed_stored(folder: Path) -> bool:
+    """Whether the cache holds oneDNN-packed linear weights of this very float conversion, for this CPU and torch."""
+    from . import packed
+    try:
+        source = json.loads((folder / CONVERSION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return packed.is_stored(packed.packed_folder(folder), source)
+
+
+def store_packed(model, folder: Path) -> int:
+    """Store a loaded model's packed linear weights next to its conversion (once; `prepare` does it)."""
+    from . import packed
+    with file_lock(folder.parent / f"{folder.name}-onednn.lock"):
+        if packed_stored(folder):
+            return 0
+        return packed.store(model, packed.packed_folder(folder), json.loads((folder / CONVERSION_MARKER).read_text()))
 
 
 def int8_folder(folder: Path) -> Path:
@@ -358,6 +386,14 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
     return model.eval(), tokenizer, processor
 
 
+def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
+    """What puts the cache's packed linear weights into a model, or None when the cache holds none for it."""
+    if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
+        return None
+    from . import packed
+    return lambda model: packed.use_stored(model, packed.packed_folder(folder))
+
+
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
                progress: Progress | None = None) -> LoadedModel:
     """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason.
@@ -382,7 +418,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         if device.type == "cpu" and spec.quantization == "none":
             from .cpu import materialize, onednn_for_offloaded
             if not offloaded(model):
-                materialize(model, onednn=onednn)
+                materialize(model, onednn=onednn, packed=_packed_reader(spec, Path(folder), device))
             elif onednn:
                 onednn_for_offloaded(model)
     except LoadError as exc:

@@ -10,7 +10,8 @@ from typing import Callable
 
 from .catalog import Catalog, ModelSpec
 from .loading import (LoadedModel, LoadError, availability, convert_pack, default_device, int8_stored, load_model,
-                      note_failure, pack_dtype, pack_ready)
+                      note_failure, pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed)
+from .packed import can_store
 from .packs import PackError
 
 
@@ -18,7 +19,7 @@ from .packs import PackError
 class Prepared:
     model: str
     seconds: float
-    what: str       # "converted", "quantized", "converted and quantized" or "already prepared"
+    what: str       # what was done: "converted", "quantized", "packed", joined by "and"; or "already prepared"
 
 
 def pack_models(catalog: Catalog, pair: str | None = None) -> list[ModelSpec]:
@@ -54,9 +55,16 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         started = time.perf_counter()
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
         quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder)
+        packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
             load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores
-        what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized)) if did)
+        if packed:
+            loaded = load_model(spec, catalog, device=device, progress=sub)  # packs the linear layers
+            sub(0.9, f"{spec.name}: storing its packed linear layers (once)")
+            store_packed(loaded.model, folder)
+            del loaded
+        what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized), ("packed", packed))
+                            if did)
         done.append(Prepared(spec.name, time.perf_counter() - started, what or "already prepared"))
     report(1.0, "ready")
     return done

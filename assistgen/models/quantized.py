@@ -161,13 +161,14 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
 def load(out_dir: Path, model_class) -> nn.Module:
     """The stored int8 model, its float layers built untouched and filled from the cache."""
     from transformers import AutoConfig, GenerationConfig
-    from transformers.initialization import no_init_weights
+
+    from .skeleton import check_filled, empty_model
 
     out_dir = Path(out_dir)
     config = AutoConfig.from_pretrained(out_dir)
-    with no_init_weights():
-        model = model_class._from_config(config, dtype=torch.float32)
+    model = empty_model(model_class, config, torch.float32)
     rebuild(model, _read(out_dir / "model.safetensors"))
+    check_filled(model)
     model.generation_config = GenerationConfig.from_pretrained(out_dir)
     model.config._name_or_path = model.name_or_path = str(out_dir)
     return model

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from assistgen.tools.cli import main
+from assistgen.models import packed
 from assistgen.models.catalog import load_catalog
+from assistgen.models.cpu import OneDNNLinear
 from assistgen.models.loading import load_model
 from assistgen.models.prepare import load_prepared
 from helpers import write_tiny_gguf
@@ -96,12 +98,14 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     """A process that converted ran its timed passes at half speed afterwards: the serving process must not."""
     path, _ = catalog
     import assistgen.models.gguf
+    import assistgen.models.packed
     import assistgen.models.quantized
 
     def here(*args, **kwargs):
         raise AssertionError("converted in the serving process")
     monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
     monkeypatch.setattr(assistgen.models.quantized, "store", here)
+    monkeypatch.setattr(assistgen.models.packed, "store", here)
     cat = load_catalog(path)
     messages = []
     loaded = load_prepared(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
@@ -109,7 +113,33 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
     from assistgen.models.loading import pack_ready
     assert pack_ready(cat.models["tiny-assistant-int8"], cat, torch.device("cpu"))
-    assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # the float conversion it builds on
+    target = load_prepared(cat.models["tiny-target"], cat)   # packed in a child too, only mapped here
+    assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))
+    if assistgen.models.packed.can_store():
+        layers = [m for m in target.model.modules() if isinstance(m, OneDNNLinear)]
+        assert layers and all(m._backing is not None for m in layers)
+
+
+@pytest.mark.skipif(not packed.can_store(), reason="this torch build cannot store packed oneDNN weights")
+def test_prepare_packs_the_float_target_once_and_a_load_maps_it_to_the_same_logits(catalog, capsys, monkeypatch):
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    assert "tiny-target: converted and packed" in capsys.readouterr().out
+    cat = load_catalog(path)
+    mapped = load_model(cat.models["tiny-target"], cat)
+    assert all(m._backing is not None for m in mapped.model.modules() if isinstance(m, OneDNNLinear))
+    from assistgen.models import loading
+    stored = loading.packed_stored
+    monkeypatch.setattr(loading, "packed_stored", lambda folder: False)
+    repacked = load_model(cat.models["tiny-target"], cat)
+    assert all(m._backing is None for m in repacked.model.modules() if isinstance(m, OneDNNLinear))
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.inference_mode():
+        assert torch.equal(mapped.model(input_ids=ids).logits, repacked.model(input_ids=ids).logits)
+    monkeypatch.setattr(loading, "packed_stored", stored)
+    assert loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER CPU")
+    assert not loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # prepare would pack again
 
 
 def test_a_damaged_pack_found_at_load_says_to_reinstall(catalog):
