@@ -225,10 +225,9 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
             return False
     if not _converted(spec, catalog, dtype, files, out_dir):
         return False
-    if spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(out_dir):
-        return False
-    from .packed import can_store
-    return not (packs_onednn(spec, device) and can_store()) or packed_stored(out_dir)
+    # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
+    # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
+    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir)
 
 
 def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:

@@ -19,7 +19,8 @@ from .packs import PackError
 class Prepared:
     model: str
     seconds: float
-    what: str       # what was done: "converted", "quantized", "packed", joined by "and"; or "already prepared"
+    what: str       # what was done ("converted", "quantized", "packed", joined by "and"; or "already prepared"), and
+                    # why the packed layers could not be stored, if so
 
 
 def pack_models(catalog: Catalog, pair: str | None = None) -> list[ModelSpec]:
@@ -58,14 +59,19 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
             load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores
+        not_stored = ""
         if packed:
             loaded = load_model(spec, catalog, device=device, progress=sub)  # packs the linear layers
             sub(0.9, f"{spec.name}: storing its packed linear layers (once)")
-            store_packed(loaded.model, folder)
+            try:
+                store_packed(loaded.model, folder)
+            except OSError as exc:   # a speed-up only: the model still loads, packing at each load
+                packed, not_stored = False, f" (its packed linear layers could not be stored: {exc}; each load packs them)"
             del loaded
         what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized), ("packed", packed))
                             if did)
-        done.append(Prepared(spec.name, time.perf_counter() - started, what or "already prepared"))
+        what = (what or "already prepared") + not_stored
+        done.append(Prepared(spec.name, time.perf_counter() - started, what))
     report(1.0, "ready")
     return done
 

@@ -113,11 +113,8 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
     from assistgen.models.loading import pack_ready
     assert pack_ready(cat.models["tiny-assistant-int8"], cat, torch.device("cpu"))
-    target = load_prepared(cat.models["tiny-target"], cat)   # packed in a child too, only mapped here
-    assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))
-    if assistgen.models.packed.can_store():
-        layers = [m for m in target.model.modules() if isinstance(m, OneDNNLinear)]
-        assert layers and all(m._backing is not None for m in layers)
+    assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # the float conversion it builds on
+    assert load_prepared(cat.models["tiny-target"], cat).model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
 
 
 @pytest.mark.skipif(not packed.can_store(), reason="this torch build cannot store packed oneDNN weights")
@@ -137,9 +134,25 @@ def test_prepare_packs_the_float_target_once_and_a_load_maps_it_to_the_same_logi
     with torch.inference_mode():
         assert torch.equal(mapped.model(input_ids=ids).logits, repacked.model(input_ids=ids).logits)
     monkeypatch.setattr(loading, "packed_stored", stored)
-    assert loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER CPU")
-    assert not loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # prepare would pack again
+    assert main(["--catalog", str(path), "prepare"]) == 0       # the layout depends on the CPU: packed again
+    assert "tiny-target: packed" in capsys.readouterr().out
+
+
+def test_a_packed_store_that_cannot_be_written_leaves_a_model_that_packs_at_load(catalog, capsys, monkeypatch):
+    path, _ = catalog
+    from assistgen.models import loading
+
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(packed, "store", disk_full)
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-target: converted (its packed linear layers could not be stored" in out
+    cat = load_catalog(path)
+    assert loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))   # no child at every load
+    layers = [m for m in load_prepared(cat.models["tiny-target"], cat).model.modules() if isinstance(m, OneDNNLinear)]
+    assert layers and all(m._backing is None for m in layers)
 
 
 def test_a_damaged_pack_found_at_load_says_to_reinstall(catalog):
