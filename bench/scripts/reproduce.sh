@@ -36,7 +36,9 @@ $PY -m bench.scripts.speech_profile --repeats 3 bench/inputs/speech-real/librivo
 ASSISTGEN_ONEDNN=0 $PY -m bench.scripts.truncated_decoder
 $PY -m bench.scripts.longform_accuracy
 # First contact: a pair's load, and the page against the CLI
-$PY -m bench.scripts.pair_ready --runs 3
+$PY -m bench.scripts.pair_ready --runs 5
+$PY -m bench.scripts.pair_ready --pair whisper-base+tiny.en-int8 --runs 3
+$PY -m bench.scripts.first_contact --clicks 2
 $PY -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/inputs/code_prompts.txt --limit 3 \
     --max-new-tokens 32
 
