@@ -65,9 +65,14 @@ OUTPUT_KEYS = ["status", "baseline_html", "baseline_figures", "assisted_html", "
 def _handlers(service: Service):
     """The page's Run handler for a task, and the /compare API function."""
     def make_handler(task: str):
-        def handler(pair, content, language, max_new_tokens, temperature, draft_source, window, schedule):
+        def handler(pair, content, language, settings_pair, max_new_tokens, temperature, draft_source, window,
+                    schedule):
             view = LiveView()
             try:
+                if settings_pair != pair:
+                    # the Settings on screen were still another pair's (a tab picked and Run pressed before the
+                    # page had the new tab's pair's settings): run this pair's own, which the page is about to show
+                    max_new_tokens, draft_source, window, schedule = service.pair_defaults(pair)
                 settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
                                             draft_source=draft_source, num_assistant_tokens=window,
                                             schedule=schedule)
@@ -114,15 +119,16 @@ def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
     return max_new_tokens, temperature, draft_source, window, schedule
 
 
-def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_settings: list) -> tuple:
+def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_settings: list,
+              settings_pair) -> tuple:
     """One task's tab: its pair, its input, its Run and Run-again buttons, its examples. Returns the pair dropdown
     too: picking the tab brings its pair's settings."""
     default = service.default_pair(choices)
     pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
     pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
     # a pair's own defaults (max new tokens, window, schedule) come with it, as measured for it in models.yaml
-    pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info], api_visibility="private",
-                queue=False)
+    pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
+                api_visibility="private", queue=False)
     if task == "asr":
         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
                            label=f"speech (up to {duration_text(service.max_audio_seconds)}; a recording longer than "
@@ -188,24 +194,25 @@ def build_demo(service: Service) -> gr.Blocks:
 
     def pair_changed(name):
         if not name:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), ""
-        return (*service.pair_defaults(name), service.pair_info(name))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), "", gr.skip()
+        return (*service.pair_defaults(name), service.pair_info(name), name)
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
         max_new_tokens, temperature, draft_source, window, schedule = _settings_section(first_defaults)
-        settings_inputs = [max_new_tokens, temperature, draft_source, window, schedule]
+        settings_pair = gr.State(first_pair)   # the pair whose own settings the Settings were last set to
+        settings_inputs = [settings_pair, max_new_tokens, temperature, draft_source, window, schedule]
         pair_settings = [max_new_tokens, draft_source, window, schedule]
         runs = []
         with gr.Tabs():
             for task, label in TASK_LABELS.items():
                 with gr.Tab(label, id=task) as tab:
                     buttons, inputs, (pair, pair_info) = _task_tab(service, task, choices_by_task[task],
-                                                                    pair_changed, pair_settings)
+                                                                    pair_changed, pair_settings, settings_pair)
                     runs.append((task, buttons, inputs))
                 # the settings are shared: a tab brings its own pair's
-                tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info], api_visibility="private",
-                           queue=False)
+                tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
+                           api_visibility="private", queue=False)
         outputs = _results_section()
         for task, (button, rerun), inputs in runs:
             for trigger in (button, rerun):

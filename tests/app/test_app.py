@@ -160,3 +160,21 @@ def test_a_recording_over_30_s_is_transcribed_window_by_window_through_the_api(c
 def test_a_spoken_language_the_target_does_not_know_is_a_clear_error(client, tmp_path):
     expect_error(client, "does not know the language 'xx'", task="asr", pair="tiny-speech", text=None,
                  audio=handle_file(str(speech_wav(tmp_path / "s.wav"))), language="xx")
+
+
+def test_a_run_pressed_before_the_tab_brought_its_pairs_settings_runs_that_pairs_own(tiny_app):
+    """The Settings are shared by the tabs and follow the picked tab's pair a round trip later; a Run pressed in
+    between sends the other pair's settings, which the server replaces by this pair's own."""
+    import app
+    _, service = tiny_app
+    make_handler, _ = app._handlers(service)
+
+    def raw(settings_pair):
+        *_, last = make_handler("chat")("tiny-text", "hello there", None, settings_pair, 3, 0, "prompt_lookup", 2,
+                                        "adaptive")
+        result = last[app.OUTPUT_KEYS.index("raw")]
+        settings = result["settings"]
+        return settings["max_new_tokens"], result["draft_source"], settings["num_assistant_tokens"], settings["schedule"]
+
+    assert raw("tiny-text") == (3, "prompt_lookup", 2, "adaptive")   # the Settings on screen are this pair's
+    assert raw("tiny-speech") == service.pair_defaults("tiny-text")    # still the speech pair's: this pair's own
