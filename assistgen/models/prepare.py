@@ -66,7 +66,8 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
             try:
                 store_packed(loaded.model, folder)
             except OSError as exc:   # a speed-up only: the model still loads, packing at each load
-                packed, not_stored = False, f" (its packed linear layers could not be stored: {exc}; each load packs them)"
+                packed = False
+                not_stored = f" (its packed linear layers could not be stored: {exc}; each load packs them)"
             del loaded
         what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized), ("packed", packed))
                             if did)

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         row = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append(row)
         print(f"run {run + 1}: modeling code import {row['import_s']:.1f} s, then target {row['target_s']:.1f} s, "
-              f"assistant {row['assistant_s']:.1f} s, warm-up {row['warm_up_s']:.1f} s, ready in {row['ready_s']:.1f} s",
+              f"assistant {row['assistant_s']:.1f} s, warm-up {row['warm_up_s']:.1f} s, "
+              f"ready in {row['ready_s']:.1f} s",
               flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"{args.pair}, median of {len(rows)}: target {med['target_s']:.1f} s, assistant {med['assistant_s']:.1f} s, "

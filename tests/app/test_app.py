@@ -174,7 +174,8 @@ def test_a_run_pressed_before_the_tab_brought_its_pairs_settings_runs_that_pairs
                                         "adaptive")
         result = last[app.OUTPUT_KEYS.index("raw")]
         settings = result["settings"]
-        return settings["max_new_tokens"], result["draft_source"], settings["num_assistant_tokens"], settings["schedule"]
+        return (settings["max_new_tokens"], result["draft_source"], settings["num_assistant_tokens"],
+                settings["schedule"])
 
     assert raw("tiny-text") == (3, "prompt_lookup", 2, "adaptive")   # the Settings on screen are this pair's
     assert raw("tiny-speech") == service.pair_defaults("tiny-text")    # still the speech pair's: this pair's own
