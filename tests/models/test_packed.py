@@ -1,7 +1,6 @@
 """oneDNN-packed linear weights stored in the cache and mapped back: the same bytes, so the same logits as packing at
 load; a store made under other facts, cut short, or for another shape is not used. Models built on the meta device
 must be filled completely."""
-import json
 
 import pytest
 import torch
