@@ -389,8 +389,16 @@ def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
     """What puts the cache's packed linear weights into a model, or None when the cache holds none for it."""
     if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
         return None
+    if os.environ.get("ASSISTGEN_PACKED_STORE", "1") == "0":   # to compare: pack at each load, as before the store
+        return None
     from . import packed
-    return lambda model: packed.use_stored(model, packed.packed_folder(folder))
+
+    def read(model) -> int:
+        try:
+            return packed.use_stored(model, packed.packed_folder(folder))
+        except (ValueError, RuntimeError, OSError):   # refused before any layer is swapped: packed at load instead
+            return 0
+    return read
 
 
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,

@@ -4,6 +4,8 @@ command to run. The pack here is a tiny GGUF laid out as an installed package.""
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,6 +139,25 @@ def test_prepare_packs_the_float_target_once_and_a_load_maps_it_to_the_same_logi
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "ANOTHER CPU")
     assert main(["--catalog", str(path), "prepare"]) == 0       # the layout depends on the CPU: packed again
     assert "tiny-target: packed" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not packed.can_store(), reason="this torch build cannot store packed oneDNN weights")
+def test_a_packed_store_that_does_not_fit_the_model_is_left_and_the_model_packs_at_load(catalog, capsys):
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    cat = load_catalog(path)
+    good = load_model(cat.models["tiny-target"], cat)
+    folder = packed.packed_folder(Path(good.model.config._name_or_path))
+    marker = json.loads((folder / packed.MARKER).read_text())
+    first = next(iter(marker["layers"].values()))
+    first["shape"] = [first["shape"][0] + 1, first["shape"][1]]
+    (folder / packed.MARKER).write_text(json.dumps(marker))
+    loaded = load_model(cat.models["tiny-target"], cat)
+    layers = [m for m in loaded.model.modules() if isinstance(m, OneDNNLinear)]
+    assert layers and all(m._backing is None for m in layers)
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.inference_mode():
+        assert torch.equal(loaded.model(input_ids=ids).logits, good.model(input_ids=ids).logits)
 
 
 def test_a_packed_store_that_cannot_be_written_leaves_a_model_that_packs_at_load(catalog, capsys, monkeypatch):
