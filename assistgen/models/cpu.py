@@ -32,12 +32,7 @@ class OneDNNLinear(nn.Module):
             packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
         self.register_buffer("weight", packed, persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
-        self._backing = backing   # the memory `packed` lives in, when it was wrapped rather than packed here
-
-    @classmethod
-    def from_packed(cls, linear: nn.Linear, packed: torch.Tensor, backing: torch.Tensor) -> "OneDNNLinear":
-        """A layer on a weight packed earlier (`mkldnn_tensor_from_blob` over `backing`, which it keeps alive)."""
-        return cls(linear, packed, backing)
+        self._backing = backing   # the memory `packed` lives in (`mkldnn_tensor_from_blob`), kept alive with it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
@@ -162,7 +157,8 @@ def onednn_for_offloaded(model: nn.Module) -> int:
 
 def materialize(model: nn.Module, *, onednn: bool, packed: Callable[[nn.Module], int] | None = None) -> None:
     """Move memory-mapped weights into process memory, once: linear layers into oneDNN's layout when `onednn`
-    (from the cache's packed bytes first, through `packed`, when given), every other parameter by a plain copy."""
+    (those `packed` puts in from the cache's store stay mapped, locked where allowed), every other parameter by a
+    plain copy."""
     if onednn:
         if packed is not None:
             packed(model)

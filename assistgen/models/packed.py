@@ -9,6 +9,8 @@ facts in a marker. A load whose facts match maps the file and wraps each layer's
 from __future__ import annotations
 
 import base64
+import ctypes
+import ctypes.util
 import json
 import mmap
 import os
@@ -60,7 +62,6 @@ def _packed_linears(model: nn.Module) -> dict[str, OneDNNLinear]:
 
 def store(model: nn.Module, out_dir: Path, source: dict) -> int:
     """Write every OneDNNLinear's packed weight of `model` to `out_dir`, the marker last; returns how many."""
-    import ctypes
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MARKER).unlink(missing_ok=True)
@@ -110,7 +111,7 @@ def use_stored(model: nn.Module, out_dir: Path) -> int:
             raise ValueError(f"packed store does not fit the model at {name}")
         backing = data[entry["offset"]:entry["offset"] + entry["nbytes"]]
         weight = mkldnn_tensor_from_blob(backing, entry["shape"], base64.b64decode(entry["metadata"]))
-        swaps.append((parent_name, child_name, OneDNNLinear.from_packed(child, weight, backing)))
+        swaps.append((parent_name, child_name, OneDNNLinear(child, weight, backing)))
     for parent_name, child_name, module in swaps:
         setattr(model.get_submodule(parent_name), child_name, module)
     return len(swaps)
@@ -118,8 +119,6 @@ def use_stored(model: nn.Module, out_dir: Path) -> int:
 
 def _lock_in_memory(data: torch.Tensor) -> bool:
     """mlock the mapped bytes (best effort: an unprivileged process's limit is usually a few MB)."""
-    import ctypes
-    import ctypes.util
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         return libc.mlock(ctypes.c_void_p(data.data_ptr()), ctypes.c_size_t(data.numel())) == 0
