@@ -5,7 +5,9 @@ gradio_client) against `python -m assistgen compare --json`, interleaved, on the
         --limit 3 --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out bench-out/app_vs_cli.json]
 
 Without --url it starts `app.py` itself on a free port and stops it at the end. Prints, per prompt and path, the
-baseline and assisted latency and their ratio to the CLI's, then the medians. A benchmark, not a test: it prints
+baseline and assisted latency and their ratio to the CLI's, then the medians; a page run whose token counts differ
+from the CLI's (its settings did not take) is left out of the ratios, and said so. The browser shows a blank page
+while the CLI and the API run, so the page pays for its own browser and they do not. A benchmark, not a test: it prints
 figures and asserts nothing.
 """
 from __future__ import annotations
@@ -61,25 +63,36 @@ def via_api(client, pair: str, text: str, max_new_tokens: int) -> dict:
 
 
 def via_page(page, url: str, pair: str, text: str, max_new_tokens: int) -> dict:
-    """Type the prompt, set the tokens, press Run, and read the latencies the page shows."""
+    """Type the prompt, set the tokens, press Run, and read the latencies and token counts the page shows."""
     import re
     page.goto(url)
+    page.locator("#run-chat").wait_for()
     if page.locator("#pair-chat input").input_value() != pair:
         page.locator("#pair-chat input").fill(pair)
         page.locator("#pair-chat input").press("Enter")
     page.locator("#settings").get_by_text("Settings", exact=True).click()  # the accordion, not the footer's Settings
     number = page.locator("#max-new-tokens input[type=number]")
-    number.fill(str(max_new_tokens))
-    number.press("Enter")
+    # A fill made while the page still settles can be undone by it (a pair's defaults arriving late): set the
+    # tokens until the slider itself holds them, and check the count the run reports below all the same.
+    for _ in range(10):
+        number.fill(str(max_new_tokens))
+        number.press("Enter")
+        page.wait_for_timeout(300)
+        if page.locator("#max-new-tokens input[type=range]").input_value() == str(max_new_tokens):
+            break
     page.locator("#input-chat textarea").fill(text)
     page.locator("#run-chat").click()
-    page.wait_for_function("document.querySelector('#status').innerText.includes('done')", timeout=900_000)
-    def latency(panel: str) -> float:
-        return float(re.search(r"latency\s+([\d.]+) s", page.locator(panel).inner_text()).group(1))
+    # polled once a second, not at every animation frame: the harness must not take CPU from the run it times
+    page.wait_for_function("document.querySelector('#status').innerText.includes('done')", timeout=900_000,
+                           polling=1000)
+
+    def figure(panel: str, name: str) -> float:
+        return float(re.search(rf"{name}\s+([\d.]+)", page.locator(panel).inner_text()).group(1))
     summary = page.locator("#summary").inner_text()
-    return {"baseline": {"latency_s": latency("#baseline-figures")}, "assisted": {"latency_s": latency(
-        "#assisted-figures")}, "speedup": float(re.search(r"([\d.]+)× speedup", summary).group(1)),
-        "stability": {"stable": "Timing not reliable" not in summary}}
+    return {side: {"latency_s": figure(f"#{side}-figures", "latency"),
+                   "new_tokens": int(figure(f"#{side}-figures", "new tokens"))} for side in ("baseline", "assisted")
+            } | {"speedup": float(re.search(r"([\d.]+)× speedup", summary).group(1)),
+                 "stability": {"stable": "Timing not reliable" not in summary}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,10 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         for i, text in enumerate(prompts):
             order = paths[i % len(paths):] + paths[:i % len(paths)]  # rotate, so drift hits every path alike
             for name, run in order:
+                if page is not None and name != "page":
+                    # an open Gradio page keeps an animation-frame loop running (about a tenth of a core in
+                    # headless Chromium, idle): the CLI and the API run without it, as they would without a browser
+                    page.goto("about:blank")
                 result = run(text)
                 runs.append({"prompt": i + 1, "path": name, "baseline_s": result["baseline"]["latency_s"],
                              "assisted_s": result["assisted"]["latency_s"], "speedup": result["speedup"],
                              "stable": (result.get("stability") or {}).get("stable"),
+                             "new_tokens": [result[side]["new_tokens"] for side in ("baseline", "assisted")],
                              "baseline_pass_s": (result["baseline"].get("time") or {}).get("s_per_pass")})
                 print(json.dumps(runs[-1]), flush=True)
         if browser is not None:
@@ -130,7 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.pair}, {args.max_new_tokens} new tokens, {len(prompts)} prompts; ratio = path / CLI "
           "(1.00: the same latency)")
     for name in sorted({r["path"] for r in runs} - {"cli"}):
-        ratios = {side: [r[f"{side}_s"] / cli[r["prompt"]][f"{side}_s"] for r in runs if r["path"] == name]
+        # a latency is compared only with one of as many tokens (a page whose settings did not take ran another count)
+        alike = [r for r in runs if r["path"] == name and r["new_tokens"] == cli[r["prompt"]]["new_tokens"]]
+        for r in runs:
+            if r["path"] == name and r not in alike:
+                print(f"{name:>5}: prompt {r['prompt']} left out: {r['new_tokens']} new tokens against the CLI's "
+                      f"{cli[r['prompt']]['new_tokens']}")
+        if not alike:
+            continue
+        ratios = {side: [r[f"{side}_s"] / cli[r["prompt"]][f"{side}_s"] for r in alike]
                   for side in ("baseline", "assisted")}
         print(f"{name:>5}: baseline ratio median {statistics.median(ratios['baseline']):.3f} "
               f"({', '.join(f'{x:.3f}' for x in ratios['baseline'])}); assisted ratio median "

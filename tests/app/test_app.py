@@ -179,3 +179,31 @@ def test_a_run_pressed_before_the_tab_brought_its_pairs_settings_runs_that_pairs
 
     assert raw("tiny-text") == (3, "prompt_lookup", 2, "adaptive")   # the Settings on screen are this pair's
     assert raw("tiny-speech") == service.pair_defaults("tiny-text")    # still the speech pair's: this pair's own
+
+
+def test_the_queue_polls_for_work_twenty_times_a_second_not_a_thousand(tiny_catalog_path, monkeypatch):
+    """Gradio's queue loop wakes the server's event loop (and takes the GIL) each time it polls; the app's queue must
+    poll at QUEUE_POLL_S, not Gradio's default millisecond, while a timed run goes on."""
+    import asyncio
+
+    import gradio.queueing
+
+    import app
+    from assistgen.app.service import Service
+    from assistgen.models.catalog import load_catalog
+    demo = app.configure_queue(app.build_demo(Service(load_catalog(tiny_catalog_path))))
+    queue, polls, sleep = demo._queue, [], asyncio.sleep
+
+    async def counted_sleep(seconds, *args):
+        polls.append(seconds)
+        await sleep(seconds, *args)
+    monkeypatch.setattr(gradio.queueing.asyncio, "sleep", counted_sleep)
+
+    async def idle_for_half_a_second():
+        task = asyncio.ensure_future(queue.start_processing())
+        await sleep(0.5)
+        queue.stopped = True
+        await task
+    asyncio.run(idle_for_half_a_second())
+    assert polls and min(polls) >= app.QUEUE_POLL_S
+    assert len(polls) <= 0.5 / app.QUEUE_POLL_S + 2   # Gradio's own default would poll about 500 times here
