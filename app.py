@@ -7,10 +7,12 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE)
+from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CSS, LEGEND, LiveView  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
@@ -244,8 +246,11 @@ def configure_queue(demo: gr.Blocks) -> gr.Blocks:
 
 
 def queue_and_launch(demo: gr.Blocks, **kwargs):
-    """The bounded queue (`configure_queue`), uploads capped server-side, then serve."""
+    """The bounded queue (`configure_queue`), uploads capped server-side, the page's early script
+    (`assistgen.app.frontend`), then serve."""
     configure_queue(demo)
+    app_kwargs = kwargs.setdefault("app_kwargs", {})
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyScript)]
     kwargs.setdefault("max_file_size", os.environ.get("ASSISTGEN_MAX_FILE_SIZE", "25mb"))
     return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
 

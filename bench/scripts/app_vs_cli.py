@@ -2,7 +2,7 @@
 gradio_client) against `python -m assistgen compare --json`, interleaved, on the same prompts and pair.
 
     .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
-        --limit 3 --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out bench-out/app_vs_cli.json]
+        --limit 3 [--rounds 2] --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out FILE.json]
 
 Without --url it starts `app.py` itself on a free port and stops it at the end. Prints, per prompt and path, the
 baseline and assisted latency and their ratio to the CLI's, then the medians; a page run whose token counts differ
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default="qwen2.5-coder-1.5b+0.5b-int8")
     parser.add_argument("--prompts", default=str(ROOT / "bench" / "inputs" / "code_prompts.txt"))
     parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="go over the prompts this many times")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--url", help="a running app; without it, app.py is started here")
     parser.add_argument("--no-page", action="store_true", help="skip the page (Chromium); API and CLI only")
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                  ("api", lambda t: via_api(client, args.pair, t, args.max_new_tokens))]
         if page is not None:
             paths.append(("page", lambda t: via_page(page, url, args.pair, t, args.max_new_tokens)))
-        for i, text in enumerate(prompts):
+        for i, text in enumerate(prompts * args.rounds):
             order = paths[i % len(paths):] + paths[:i % len(paths)]  # rotate, so drift hits every path alike
             for name, run in order:
                 if page is not None and name != "page":
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     # headless Chromium, idle): the CLI and the API run without it, as they would without a browser
                     page.goto("about:blank")
                 result = run(text)
-                runs.append({"prompt": i + 1, "path": name, "baseline_s": result["baseline"]["latency_s"],
+                runs.append({"prompt": i % len(prompts) + 1, "round": i // len(prompts) + 1, "path": name,
+                             "baseline_s": result["baseline"]["latency_s"],
                              "assisted_s": result["assisted"]["latency_s"], "speedup": result["speedup"],
                              "stable": (result.get("stability") or {}).get("stable"),
                              "new_tokens": [result[side]["new_tokens"] for side in ("baseline", "assisted")],
@@ -144,19 +146,20 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    cli = {r["prompt"]: r for r in runs if r["path"] == "cli"}
-    print(f"\n{args.pair}, {args.max_new_tokens} new tokens, {len(prompts)} prompts; ratio = path / CLI "
-          "(1.00: the same latency)")
+    cli = {(r["prompt"], r["round"]): r for r in runs if r["path"] == "cli"}
+    print(f"\n{args.pair}, {args.max_new_tokens} new tokens, {len(prompts)} prompts x {args.rounds}; "
+          "ratio = path / CLI (1.00: the same latency)")
     for name in sorted({r["path"] for r in runs} - {"cli"}):
         # a latency is compared only with one of as many tokens (a page whose settings did not take ran another count)
-        alike = [r for r in runs if r["path"] == name and r["new_tokens"] == cli[r["prompt"]]["new_tokens"]]
+        alike = [r for r in runs
+                 if r["path"] == name and r["new_tokens"] == cli[r["prompt"], r["round"]]["new_tokens"]]
         for r in runs:
             if r["path"] == name and r not in alike:
                 print(f"{name:>5}: prompt {r['prompt']} left out: {r['new_tokens']} new tokens against the CLI's "
-                      f"{cli[r['prompt']]['new_tokens']}")
+                      f"{cli[r['prompt'], r['round']]['new_tokens']}")
         if not alike:
             continue
-        ratios = {side: [r[f"{side}_s"] / cli[r["prompt"]][f"{side}_s"] for r in alike]
+        ratios = {side: [r[f"{side}_s"] / cli[r["prompt"], r["round"]][f"{side}_s"] for r in alike]
                   for side in ("baseline", "assisted")}
         print(f"{name:>5}: baseline ratio median {statistics.median(ratios['baseline']):.3f} "
               f"({', '.join(f'{x:.3f}' for x in ratios['baseline'])}); assisted ratio median "

@@ -59,3 +59,22 @@ def test_a_tab_brings_its_pairs_own_settings(browser, tiny_app):
     page.get_by_role("tab", name="Speech recognition").click()
     page.wait_for_function("(want) => document.querySelector('#max-new-tokens input[type=number]').value == want",
                            arg=str(service.pair_defaults("tiny-speech")[0]), timeout=10_000)
+
+
+def test_an_open_page_asks_for_no_frames_for_status_timers(browser, tiny_app):
+    """Gradio 6.31 leaves its loading screen's status-tracker timer asking for an animation frame at every frame
+    after the screen is gone, taking CPU from the timed runs when the browser shares the machine: the app's early
+    script (assistgen/app/frontend.py) makes such a timer tick once a second. Counted here: timer callbacks that
+    reach the browser's own requestAnimationFrame while the page sits open (about 60 a second without the script)."""
+    url, _ = tiny_app
+    page = browser.new_page()
+    page.add_init_script("window.__timers = 0; window.__frames = 0; const f = window.requestAnimationFrame.bind(window);"
+                         "window.requestAnimationFrame = (cb) => { window.__frames += 1;"
+                         "  if (String(cb).includes('performance.now()')) window.__timers += 1; return f(cb); };")
+    page.goto(url)
+    page.locator("#run-chat").wait_for()
+    page.wait_for_timeout(1000)
+    frames, timers = page.evaluate("[window.__frames, window.__timers]")
+    page.wait_for_timeout(1000)
+    assert page.evaluate("window.__frames") > frames   # the count works: Gradio's other animations still run
+    assert page.evaluate("window.__timers") == timers == 0
