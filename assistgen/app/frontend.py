@@ -2,7 +2,7 @@
 
 Gradio 6.31's page keeps its initial "Loading..." screen's status tracker alive after the screen is gone: its
 elapsed-time timer asks the browser for an animation frame at every frame, for as long as the page is open, and
-two spring animations of the loader keep stepping. Idle, the page asked for 94 frames a second and took 0.12 of a
+the loader's four springs keep stepping. Idle, the page asked for 94 frames a second and took 0.12 of a
 core in Chromium on this 2-core machine, where the browser shares the cores with the timed runs (the CLI pays
 nothing of it). A status tracker's timer (a frame callback that turns performance.now() into seconds) now ticks
 once a second instead: a timer on screen still moves, and the idle page asks for 32 frames a second, 0.06 of a core.

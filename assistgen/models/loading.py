@@ -387,9 +387,9 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
 
 def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
     """What puts the cache's packed linear weights into a model, or None when the cache holds none for it."""
-    if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
-        return None
     if os.environ.get("ASSISTGEN_PACKED_STORE", "1") == "0":   # to compare: pack at each load, as before the store
+        return None
+    if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
         return None
     from . import packed
 

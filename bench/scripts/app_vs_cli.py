@@ -151,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
           "ratio = path / CLI (1.00: the same latency)")
     for name in sorted({r["path"] for r in runs} - {"cli"}):
         # a latency is compared only with one of as many tokens (a page whose settings did not take ran another count)
-        alike = [r for r in runs
-                 if r["path"] == name and r["new_tokens"] == cli[r["prompt"], r["round"]]["new_tokens"]]
-        for r in runs:
-            if r["path"] == name and r not in alike:
+        alike = []
+        for r in (r for r in runs if r["path"] == name):
+            counts = cli[r["prompt"], r["round"]]["new_tokens"]
+            if r["new_tokens"] == counts:
+                alike.append(r)
+            else:
                 print(f"{name:>5}: prompt {r['prompt']} left out: {r['new_tokens']} new tokens against the CLI's "
-                      f"{cli[r['prompt'], r['round']]['new_tokens']}")
+                      f"{counts}")
         if not alike:
             continue
         ratios = {side: [r[f"{side}_s"] / cli[r["prompt"], r["round"]][f"{side}_s"] for r in alike]
