@@ -72,11 +72,11 @@ def via_page(page, url: str, pair: str, text: str, max_new_tokens: int) -> dict:
         page.locator("#pair-chat input").press("Enter")
     page.locator("#settings").get_by_text("Settings", exact=True).click()  # the accordion, not the footer's Settings
     number = page.locator("#max-new-tokens input[type=number]")
-    # A fill made while the page still settles can be undone by it (a pair's defaults arriving late): set the
-    # tokens until the slider itself holds them, and check the count the run reports below all the same.
+    # Gradio's slider takes a typed number when the box loses focus (Enter alone reverts it): tab out, check that
+    # the slider itself holds it, and check the count the run reports below all the same.
     for _ in range(10):
         number.fill(str(max_new_tokens))
-        number.press("Enter")
+        number.press("Tab")
         page.wait_for_timeout(300)
         if page.locator("#max-new-tokens input[type=range]").input_value() == str(max_new_tokens):
             break

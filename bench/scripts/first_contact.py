@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 number = page.locator("#max-new-tokens input[type=number]")
                 number.wait_for(timeout=300_000)  # the page renders slowly while the preload holds both cores
                 number.fill(str(args.max_new_tokens))
-                number.press("Enter")
+                number.press("Tab")   # the slider takes a typed number on blur; Enter alone reverts it
             for click in range(1, args.clicks + 1):
                 page.locator("#input-chat textarea").fill(args.text + " " * (click - 1))
                 clicked = time.perf_counter()
