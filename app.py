@@ -13,7 +13,8 @@ from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE)
 from assistgen.app.frontend import EarlyScript  # noqa: E402
-from assistgen.app.render import CSS, LEGEND, LiveView  # noqa: E402
+from assistgen.app.render import CLEARED, CSS, LEGEND, LiveView  # noqa: E402
+from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
@@ -45,13 +46,6 @@ EXAMPLES = {
 }
 
 
-def _outputs_list(view_out: dict, keys: list[str]) -> list:
-    """The view's values in the order of `keys`; the last output is the task's *Run again* button, shown when the
-    comparison's timing is not reliable."""
-    rerun = gr.Button(visible=view_out["unreliable"]) if "unreliable" in view_out else gr.skip()
-    return [view_out.get(k, gr.skip()) for k in keys] + [rerun]
-
-
 def _as_gradio_error(exc: Exception) -> gr.Error:
     """What the user reads when a request fails: a UserError says what to do; anything else says what happened.
     Either way the server keeps serving and the page keeps the input."""
@@ -60,8 +54,19 @@ def _as_gradio_error(exc: Exception) -> gr.Error:
     return gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
 
 
-OUTPUT_KEYS = ["status", "baseline_html", "baseline_figures", "assisted_html", "assisted_figures", "summary", "plot",
-               "raw"]
+# A run streams into the status line and the two panels only, and hands its result to a follow-up event that
+# draws the figures: Gradio processes every output of an event at every streamed update (a skipped one too), and the
+# timed runs share the cores with that work.
+STREAM_KEYS = ["status", "baseline_html", "assisted_html", "result"]
+RESULT_KEYS = ["status", "baseline_figures", "assisted_figures", "summary", "plot", "raw"]
+
+
+def _result_list(view_out: dict) -> list:
+    """`RESULT_KEYS`' values, then the task's *Run again* button: shown when the comparison's timing is not
+    reliable."""
+    if not view_out:
+        return [gr.skip()] * (len(RESULT_KEYS) + 1)
+    return [view_out.get(k, gr.skip()) for k in RESULT_KEYS] + [gr.Button(visible=view_out["unreliable"])]
 
 
 def _handlers(service: Service):
@@ -81,7 +86,8 @@ def _handlers(service: Service):
                 kwargs = ({"audio": content, "language": language} if task == "asr" else
                           {"text": content, "target_language": language or "French"})
                 for snap in service.stream(task, pair, settings=settings, **kwargs):
-                    yield _outputs_list(view.outputs(snap), OUTPUT_KEYS)
+                    out = view.outputs(snap)
+                    yield [out.get(k, gr.skip()) for k in STREAM_KEYS]
             except Exception as exc:
                 raise _as_gradio_error(exc) from None
         return handler
@@ -153,8 +159,9 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
     return (button, rerun), [pair, content, language], (pair, pair_info)
 
 
-def _results_section() -> list:
-    """Status, the two columns, the summary, the per-pass plot and the raw JSON, in OUTPUT_KEYS order."""
+def _results_section() -> dict:
+    """Status, the two columns, the summary, the per-pass plot and the raw JSON, by the names of STREAM_KEYS and
+    RESULT_KEYS."""
     status = gr.Markdown("Pick a pair, give an input and press *Run*.", elem_id="status")
     with gr.Row(equal_height=False):
         with gr.Column():
@@ -170,7 +177,9 @@ def _results_section() -> list:
     plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens")
     with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
         raw = gr.JSON()
-    return [status, baseline_html, baseline_figures, assisted_html, assisted_figures, summary, plot, raw]
+    return {"status": status, "baseline_html": baseline_html, "baseline_figures": baseline_figures,
+            "assisted_html": assisted_html, "assisted_figures": assisted_figures, "summary": summary, "plot": plot,
+            "raw": raw, "result": gr.State()}
 
 
 def _api_endpoint(api_compare) -> None:
@@ -215,15 +224,24 @@ def build_demo(service: Service) -> gr.Blocks:
                 # the settings are shared: a tab brings its own pair's
                 tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
                            api_visibility="private", queue=False)
-        outputs = _results_section()
+        shown = _results_section()
+        stream_outputs = [shown[k] for k in STREAM_KEYS]
         for task, (button, rerun), inputs in runs:
+            result_outputs = [shown[k] for k in RESULT_KEYS] + [rerun]
             for trigger in (button, rerun):
-                trigger.click(make_handler(task), inputs=inputs + settings_inputs, outputs=outputs + [rerun],
-                              concurrency_id="model", concurrency_limit=1, api_visibility="private",
-                              # the status line says what runs (and a load's progress): Gradio's own progress
-                              # overlay animated in the browser at about a fifth of a core during the timed runs
-                              # (measured on two cores), which the page's baseline paid and the CLI's did not
-                              show_progress="hidden")
+                # clear the last result at once, run (streaming), then draw this one's figures
+                trigger.click(lambda: _result_list(CLEARED), outputs=result_outputs, queue=False,
+                              api_visibility="private", show_progress="hidden"
+                              ).then(make_handler(task), inputs=inputs + settings_inputs, outputs=stream_outputs,
+                                     concurrency_id="model", concurrency_limit=1, api_visibility="private",
+                                     # the status line says what runs (and a load's progress): Gradio's own
+                                     # progress overlay animated in the browser at about a fifth of a core during
+                                     # the timed runs (measured on two cores), which the page's baseline paid and
+                                     # the CLI's did not
+                                     show_progress="hidden"
+                                     ).success(lambda result: _result_list(result and result_outputs_of(result)),
+                                               inputs=shown["result"], outputs=result_outputs, queue=False,
+                                               api_visibility="private", show_progress="hidden")
         _api_endpoint(api_compare)
     return demo
 

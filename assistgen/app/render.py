@@ -188,9 +188,24 @@ def steps_figure(steps: list[dict]):
     return fig
 
 
+def result_outputs(result: dict) -> dict:
+    """A finished comparison (as `Comparison.to_dict()`) for the page: both runs' figures, the summary, the per-pass
+    chart, the raw JSON, and whether to offer a re-run (the timing was not reliable)."""
+    return {"status": f"**done**: {result['pair']}; baseline ran first, then assisted",
+            "baseline_figures": figures_markdown(result["baseline"], False),
+            "assisted_figures": figures_markdown(result["assisted"], True),
+            "summary": summary_html(result), "plot": steps_figure(result["assisted"]["steps"]), "raw": result,
+            "unreliable": not (result["stability"] or {}).get("stable", True)}
+
+
+CLEARED = {"baseline_figures": "", "assisted_figures": "", "summary": "", "plot": None, "raw": None,
+           "unreliable": False}   # the previous run's result, as a new run starts
+
+
 class LiveView:
-    """Turns the service's progress snapshots into the app's outputs, detokenizing each token once and rendering a
-    panel only when it changed (the rendering shares two cores with the timed run)."""
+    """Turns the service's progress snapshots into the live part of the page (the status line and both panels),
+    detokenizing each token once and rendering a panel only when it changed (the rendering shares two cores with
+    the timed run). At the end it hands over the comparison (`result`), which `result_outputs` renders."""
 
     def __init__(self):
         self._base = self._assisted = None
@@ -208,11 +223,12 @@ class LiveView:
         status = f"**{snap.phase}**: {snap.message}"
         if snap.phase == "loading" and snap.fraction:
             status += f" ({snap.fraction:.0%})"
+        if snap.phase == "done":
+            status = "**runs finished**: drawing the figures"
         if status != self._status:
             out["status"] = self._status = status
-        if snap.pair is None:  # a new run: clear the previous one's results
-            return {**out, "baseline_html": "", "assisted_html": "", "baseline_figures": "", "assisted_figures": "",
-                    "summary": "", "plot": None, "raw": None, "unreliable": False}
+        if snap.pair is None:  # a new run: clear the previous one's panels
+            return {**out, "baseline_html": "", "assisted_html": ""}
         base, assisted = self._detokenizers(snap.pair)
         # While a timed run goes on, each panel streams as plain text (one text node for the browser to lay out,
         # on the same cores as the run when it is local); the coloured, per-token view comes with the result.
@@ -229,9 +245,5 @@ class LiveView:
             decode_one = lambda t: snap.pair.target.tokenizer.decode([t], skip_special_tokens=True)  # noqa: E731
             out.update(baseline_html=baseline_html(base.pieces),
                        assisted_html=assisted_html(result["assisted"]["steps"], assisted.pieces, decode_one),
-                       baseline_figures=figures_markdown(result["baseline"], False),
-                       assisted_figures=figures_markdown(result["assisted"], True),
-                       summary=summary_html(result), plot=steps_figure(result["assisted"]["steps"]), raw=result,
-                       unreliable=not (result["stability"] or {}).get("stable", True),
-                       status=f"**done**: {snap.pair.spec.name}; baseline ran first, then assisted")
+                       result=result)
         return out

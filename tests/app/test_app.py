@@ -172,7 +172,7 @@ def test_a_run_pressed_before_the_tab_brought_its_pairs_settings_runs_that_pairs
     def raw(settings_pair):
         *_, last = make_handler("chat")("tiny-text", "hello there", None, settings_pair, 3, 0, "prompt_lookup", 2,
                                         "adaptive")
-        result = last[app.OUTPUT_KEYS.index("raw")]
+        result = last[app.STREAM_KEYS.index("result")]
         settings = result["settings"]
         return (settings["max_new_tokens"], result["draft_source"], settings["num_assistant_tokens"],
                 settings["schedule"])

@@ -8,7 +8,7 @@ import pytest
 from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
 from assistgen.models.pool import ModelPool
-from assistgen.app.render import LiveView, summary_html
+from assistgen.app.render import LiveView, result_outputs, summary_html
 from assistgen.app.streaming import Snapshot
 from assistgen.comparison.tasks import text_inputs
 
@@ -103,12 +103,13 @@ def test_the_page_marks_an_unreliable_result_and_offers_a_rerun(pair):
     result = run(pair, slow={"baseline"})
     html = summary_html(result.to_dict())
     assert "Timing not reliable" in html and "Run again" in html and "(unreliable)" in html
-    out = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=result.baseline.new_tokens,
-                                      assisted_steps=result.assisted.steps, comparison=result))
-    assert out["unreliable"] is True
+    live = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=result.baseline.new_tokens,
+                                       assisted_steps=result.assisted.steps, comparison=result))
+    assert result_outputs(live["result"])["unreliable"] is True
     clean = run(pair)
-    out = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=clean.baseline.new_tokens,
-                                      assisted_steps=clean.assisted.steps, comparison=clean))
+    live = LiveView().outputs(Snapshot("done", pair=pair, baseline_tokens=clean.baseline.new_tokens,
+                                       assisted_steps=clean.assisted.steps, comparison=clean))
+    out = result_outputs(live["result"])
     assert out["unreliable"] is False and "Timing not reliable" not in out["summary"]
 
 
