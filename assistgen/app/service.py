@@ -23,6 +23,26 @@ from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError
 from .validation import UserError, check_request, known_pair, request_settings
 
 
+UPDATE_INTERVAL_S = 1.0          # a running comparison's panels are updated at most this often
+UPDATE_INTERVAL_NO_SPARE_S = 2.0   # ... when no core is spare for the updates
+
+
+def update_interval_s() -> float:
+    """How often a running comparison's panels are updated (`ASSISTGEN_UPDATE_INTERVAL_S` sets it).
+
+    Each update costs CPU time outside the timed runs' own work: Gradio's processing of the update in the server, and,
+    when the page is open on the same machine, the browser's (about 15 and 25 ms here, measured on two cores, see the
+    README). With a core to spare (more cores than torch's threads, or a GPU doing the work) that work takes nothing
+    from the runs, and the panels update every second. With none, torch's threads wait for the one the update stole,
+    and the page's runs measured about 3 % slower than the CLI's at one update a second: the panels then update
+    every two seconds."""
+    if os.environ.get("ASSISTGEN_UPDATE_INTERVAL_S"):
+        return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
+    import torch
+    spare = default_device().type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()
+    return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
+
+
 class Service:
     def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, max_input_tokens: int | None = None,
                  max_time_s: float | None = None):
@@ -33,7 +53,7 @@ class Service:
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
         self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
-        self.update_interval_s = 1.0   # streamed updates at most this often: each one costs the timed run CPU time
+        self.update_interval_s = update_interval_s()
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:

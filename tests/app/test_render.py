@@ -30,3 +30,20 @@ def test_a_loads_progress_is_in_the_status_line():
         "**loading**: waiting for the model worker"
     status = view.outputs(Snapshot("loading", "qwen2.5-coder-1.5b-instruct: packing", fraction=0.42))["status"]
     assert status == "**loading**: qwen2.5-coder-1.5b-instruct: packing (42%)"
+
+
+def test_the_panels_update_less_often_when_no_core_is_spare_for_it(monkeypatch):
+    """Each streamed update costs CPU outside the runs' own work: with every core running torch's threads, the panels
+    update every two seconds; with a core to spare, every second; the environment variable overrides both."""
+    import torch
+
+    from assistgen.app import service
+    monkeypatch.delenv("ASSISTGEN_UPDATE_INTERVAL_S", raising=False)
+    monkeypatch.setattr(service, "default_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert service.update_interval_s() == service.UPDATE_INTERVAL_NO_SPARE_S == 2.0
+    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert service.update_interval_s() == service.UPDATE_INTERVAL_S == 1.0
+    monkeypatch.setenv("ASSISTGEN_UPDATE_INTERVAL_S", "0.25")
+    assert service.update_interval_s() == 0.25
