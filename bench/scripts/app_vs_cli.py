@@ -3,12 +3,14 @@ gradio_client) against `python -m assistgen compare --json`, interleaved, on the
 
     .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
         --limit 3 [--rounds 2] --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out FILE.json]
+    .venv/bin/python -m bench.scripts.app_vs_cli --pool FILE.json FILE.json ...
 
 Without --url it starts `app.py` itself on a free port and stops it at the end. Prints, per prompt and path, the
 baseline and assisted latency and their ratio to the CLI's, then the medians; a page run whose token counts differ
-from the CLI's (its settings did not take) is left out of the ratios, and said so. The browser shows a blank page
-while the CLI and the API run, so the page pays for its own browser and they do not. A benchmark, not a test: it prints
-figures and asserts nothing.
+from the CLI's (its settings did not take) is left out of the ratios, and said so. `--pool` prints the medians over
+several runs' files together: one pair's ratio spreads widely on a shared host, so one median of 12 moves too. The
+browser shows a blank page while the CLI and the API run, so the page pays for its own browser and they do not. A
+benchmark, not a test: it prints figures and asserts nothing.
 """
 from __future__ import annotations
 
@@ -95,6 +97,28 @@ def via_page(page, url: str, pair: str, text: str, max_new_tokens: int) -> dict:
                  "stability": {"stable": "Timing not reliable" not in summary}}
 
 
+def summarize(runs: list[dict]) -> None:
+    """Each path's latency over the CLI's on the same prompt and round (and file, when runs are pooled), medians."""
+    key = lambda r: (r.get("file"), r["prompt"], r["round"])
+    cli = {key(r): r for r in runs if r["path"] == "cli"}
+    for name in sorted({r["path"] for r in runs} - {"cli"}):
+        # a latency is compared only with one of as many tokens (a page whose settings did not take ran another count)
+        alike = []
+        for r in (r for r in runs if r["path"] == name):
+            counts = cli[key(r)]["new_tokens"]
+            if r["new_tokens"] == counts:
+                alike.append(r)
+            else:
+                print(f"{name:>5}: prompt {r['prompt']} left out: {r['new_tokens']} new tokens against the CLI's "
+                      f"{counts}")
+        if not alike:
+            continue
+        ratios = {side: [r[f"{side}_s"] / cli[key(r)][f"{side}_s"] for r in alike] for side in ("baseline", "assisted")}
+        print(f"{name:>5}: {len(alike)} runs; baseline ratio median {statistics.median(ratios['baseline']):.3f} "
+              f"({', '.join(f'{x:.3f}' for x in ratios['baseline'])}); assisted ratio median "
+              f"{statistics.median(ratios['assisted']):.3f} ({', '.join(f'{x:.3f}' for x in ratios['assisted'])})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="qwen2.5-coder-1.5b+0.5b-int8")
@@ -105,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="a running app; without it, app.py is started here")
     parser.add_argument("--no-page", action="store_true", help="skip the page (Chromium); API and CLI only")
     parser.add_argument("--out", help="write every run as JSON here")
+    parser.add_argument("--pool", nargs="+", metavar="FILE",
+                        help="run nothing: the medians over the runs of these --out files together")
     args = parser.parse_args(argv)
+    if args.pool:
+        runs = [{**r, "file": f} for f in args.pool for r in json.loads(Path(f).read_text())]
+        print(f"{len(args.pool)} files pooled; ratio = path / CLI (1.00: the same latency)")
+        summarize(runs)
+        return 0
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     prompts = [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()][:args.limit]
     proc, url = (None, args.url) if args.url else start_app(env)
@@ -146,26 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    cli = {(r["prompt"], r["round"]): r for r in runs if r["path"] == "cli"}
     print(f"\n{args.pair}, {args.max_new_tokens} new tokens, {len(prompts)} prompts x {args.rounds}; "
           "ratio = path / CLI (1.00: the same latency)")
-    for name in sorted({r["path"] for r in runs} - {"cli"}):
-        # a latency is compared only with one of as many tokens (a page whose settings did not take ran another count)
-        alike = []
-        for r in (r for r in runs if r["path"] == name):
-            counts = cli[r["prompt"], r["round"]]["new_tokens"]
-            if r["new_tokens"] == counts:
-                alike.append(r)
-            else:
-                print(f"{name:>5}: prompt {r['prompt']} left out: {r['new_tokens']} new tokens against the CLI's "
-                      f"{counts}")
-        if not alike:
-            continue
-        ratios = {side: [r[f"{side}_s"] / cli[r["prompt"], r["round"]][f"{side}_s"] for r in alike]
-                  for side in ("baseline", "assisted")}
-        print(f"{name:>5}: baseline ratio median {statistics.median(ratios['baseline']):.3f} "
-              f"({', '.join(f'{x:.3f}' for x in ratios['baseline'])}); assisted ratio median "
-              f"{statistics.median(ratios['assisted']):.3f} ({', '.join(f'{x:.3f}' for x in ratios['assisted'])})")
+    summarize(runs)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(runs, indent=2))
