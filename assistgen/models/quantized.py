@@ -92,11 +92,9 @@ class RowChunkedLinear(nn.Module):
 def _packed(linear, weight: torch.Tensor, scale: float, zero_point: int, bias: torch.Tensor | None) -> nn.Module:
     # Built 1x1 and then given its weight: the constructor packs a zero weight of the full size first, which cost
     # more than the real packing (4.7 s of 7 s for the 0.5B).
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # quantized tensor creation is deprecated; it works here
-        q = linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
-        quantized = torch._make_per_tensor_quantized_tensor(weight.contiguous(), scale, zero_point)
+    q = linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
     q.in_features, q.out_features = weight.shape[1], weight.shape[0]
+    quantized = torch._make_per_tensor_quantized_tensor(weight.contiguous(), scale, zero_point)
     q.set_weight_bias(quantized, bias)   # the packing: single-threaded, so two layers are packed at a time
     return q
 
@@ -125,7 +123,10 @@ def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
         q.in_features, q.out_features = old.in_features, old.out_features
         return name, q
 
-    with ThreadPoolExecutor(max(1, min(4, torch.get_num_threads()))) as pool:
+    # Quantized tensor creation is deprecated in torch and works here. The filter is set once, around the pool:
+    # warnings' filters are process-wide, and a catch_warnings in each worker could restore another's on exit.
+    with warnings.catch_warnings(), ThreadPoolExecutor(max(1, min(4, torch.get_num_threads()))) as pool:
+        warnings.simplefilter("ignore", UserWarning)
         for name, q in pool.map(quantized_linear, names):
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, q)
