@@ -10,11 +10,12 @@ the output layer), at 1 row (a draft step) and 4. Also each kernel's largest err
 """
 from __future__ import annotations
 
-import time
-import warnings
-
 import torch
 from torch import nn
+
+from assistgen.models.quantized import quantize
+
+from .linear_packing import quartile_us
 
 LAYERS = 24
 # name: (out, in, how many per layer; 0: once per token)
@@ -24,24 +25,11 @@ SHAPES = {"attention q/o 896x896": (896, 896, 2), "attention k/v 128x896": (128,
 ROWS = (1, 4)
 
 
-def quartile_ms(fn, n: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[n // 4] * 1e3
-
-
 def kernels(weight: torch.Tensor):
     """Each kernel as a function of x (rows, in)."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data = weight
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)[0]
+    dynamic = quantize(nn.Sequential(linear))[0]   # as the default pair's assistant is quantized
     scale = weight.abs().amax(dim=1) / 127
     int8 = torch.round(weight / scale[:, None]).to(torch.int8).contiguous()
     scale_bf16 = scale.to(torch.bfloat16)
@@ -59,7 +47,7 @@ def main() -> None:
     token: dict[tuple[int, str], float] = {}
     for rows in ROWS:
         print(f"\n| {rows} row(s): layer | " + " | ".join(names) + " |")
-        print("|---|" + "---|" * 4)
+        print("|---|" + "---|" * len(names))
         for name, (out, inp, per_layer) in SHAPES.items():
             weight = torch.randn(out, inp) * 0.02
             x = torch.randn(rows, inp)
@@ -67,7 +55,7 @@ def main() -> None:
                 reference = nn.functional.linear(x, weight)
                 cells = []
                 for kernel, fn in kernels(weight).items():
-                    ms = quartile_ms(lambda: fn(x), 10 if per_layer == 0 else 100)
+                    ms = quartile_us(fn, x, 10 if per_layer == 0 else 100) / 1e3
                     error = (fn(x) - reference).abs().max().item()
                     token[rows, kernel] = token.get((rows, kernel), 0.0) + ms * (per_layer * LAYERS or 1)
                     cells.append(f"{ms:.3f} ms (error {error:.3f})")
