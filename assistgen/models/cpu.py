@@ -20,6 +20,14 @@ from torch import nn
 # pass", has the curves.
 PACKED_FOR_ROWS = 4
 
+# Products of fewer rows than this are padded with zero rows to `PACKED_FOR_ROWS`. On the packed weight, oneDNN runs
+# a one-row product through another kernel than two rows or more, with other rounding, and slower: the 1.5B's 197
+# linear layers took 252 ms for one row, 278 ms for two, 215 and 213 ms padded to four (medians of 16,
+# `bench/scripts/linear_packing.py --model-rows`). Padded, a row's result is the same, bit for bit, whether it is
+# computed alone (the baseline's step) or among the rows of a verification pass. Whisper base's smaller layers took
+# the same time either way. From three rows on the product ran as fast as four.
+PAD_BELOW_ROWS = 3
+
 
 class OneDNNLinear(nn.Module):
     """``nn.Linear`` with its weight packed once in oneDNN's blocked layout, applied to dense activations (fp32, CPU,
@@ -35,7 +43,12 @@ class OneDNNLinear(nn.Module):
         self._backing = backing   # the memory `packed` lives in (`mkldnn_tensor_from_blob`), kept alive with it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+        rows = x.numel() // x.shape[-1]
+        if rows >= PAD_BELOW_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+        padded = nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, PACKED_FOR_ROWS - rows))
+        out = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

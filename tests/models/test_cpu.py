@@ -1,0 +1,53 @@
+"""oneDNN's linear on a packed weight: the maths of ``nn.Linear``, and a row's result the same bit for bit whether it
+is computed alone (a baseline step) or among the rows of a verification pass."""
+
+import pytest
+import torch
+from torch import nn
+
+from assistgen.models import cpu
+
+pytestmark = pytest.mark.skipif(not cpu.onednn_available(), reason="this torch build has no oneDNN")
+
+
+def _layer(seed=0, n_in=384, n_out=1024):
+    torch.manual_seed(seed)
+    linear = nn.Linear(n_in, n_out)
+    return linear, cpu.OneDNNLinear(linear)
+
+
+@pytest.mark.parametrize("shape", [(1, 384), (2, 384), (1, 1, 384), (1, 2, 384), (1, 3, 384), (2, 5, 384)])
+def test_the_packed_linear_computes_what_nn_linear_does(shape):
+    linear, packed = _layer()
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        out = packed(x)
+        assert out.shape == linear(x).shape
+        torch.testing.assert_close(out, linear(x), rtol=1e-4, atol=1e-4)
+
+
+def _row_alone_and_among_others(packed, rows):
+    torch.manual_seed(1)
+    x = torch.randn(1, 8, packed.in_features)
+    with torch.inference_mode():
+        among = packed(x[:, :rows])
+        alone = torch.cat([packed(x[:, i:i + 1]) for i in range(rows)], dim=1)
+    return alone, among
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 8])
+def test_a_row_computed_alone_is_bitwise_the_row_computed_among_others(rows):
+    _, packed = _layer(n_in=1536, n_out=2048)
+    alone, among = _row_alone_and_among_others(packed, rows)
+    assert torch.equal(alone, among)
+
+
+def test_without_the_padding_a_row_alone_rounds_differently(monkeypatch):
+    """What the padding is for: oneDNN's one-row kernel rounds otherwise (where it does not on some CPU, the
+    padding only costs a few zero rows)."""
+    monkeypatch.setattr(cpu, "PAD_BELOW_ROWS", 1)
+    _, packed = _layer(n_in=1536, n_out=2048)
+    alone, among = _row_alone_and_among_others(packed, 4)
+    if torch.equal(alone, among):
+        pytest.skip("on this CPU oneDNN's one-row kernel rounds as its multi-row kernels do")
+    torch.testing.assert_close(alone, among, rtol=1e-4, atol=1e-4)
