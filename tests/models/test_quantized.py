@@ -1,6 +1,8 @@
 """The int8 assistant stored in the cache: quantized once, rebuilt from plain tensors, the same function as the
 model quantized at load."""
+import pytest
 import torch
+from torch import nn
 
 import helpers as tm
 from assistgen.models import quantized
@@ -13,7 +15,7 @@ def _logits(model, ids):
 
 def test_a_stored_int8_model_loads_back_to_the_same_logits(tmp_path):
     model = tm.qwen2(0, vocab=96, hidden=32, layers=2, init=0.2)
-    q = quantized.quantize(model)
+    q = quantized.quantize(tm.qwen2(0, vocab=96, hidden=32, layers=2, init=0.2))
     source = {"made from": "qwen2 seed 0"}
     folder = quantized.store(q, tmp_path / "int8", source)
     assert quantized.is_stored(folder, source)
@@ -22,7 +24,7 @@ def test_a_stored_int8_model_loads_back_to_the_same_logits(tmp_path):
     ids = tm.decoder_inputs(3, length=12)["input_ids"]
     assert torch.equal(_logits(loaded, ids), _logits(q, ids))
     assert not torch.equal(_logits(loaded, ids), _logits(model, ids))  # it really is the int8 model
-    linears = [m for m in loaded.modules() if isinstance(m, type(q.lm_head))]
+    linears = [m for m in loaded.modules() if isinstance(m, quantized.Int8Linear)]
     assert len(linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the output projection
 
 
@@ -45,10 +47,50 @@ def test_a_layer_packed_in_row_blocks_gives_the_same_logits_and_stores_whole(tmp
     whole = quantized.store(q, tmp_path / "whole", {"v": 1})
     monkeypatch.setattr(quantized, "PACK_ROWS", 40)   # the 96-row lm_head in blocks of 40, 40 and 16 rows
     chunked = quantized.load(whole, type(model))
-    assert isinstance(chunked.lm_head, quantized.RowChunkedLinear)
-    assert [p.out_features for p in chunked.lm_head.parts] == [40, 40, 16]
+    assert [torch.ops.quantized.linear_unpack(b)[0].shape[0] for b in chunked.lm_head._blocks] == [40, 40, 16]
     ids = tm.decoder_inputs(5, length=9)["input_ids"]
     assert torch.equal(_logits(chunked, ids), _logits(q, ids))
     again = quantized.store(chunked, tmp_path / "again", {"v": 1})   # stored whole, as it was quantized
     a, b = (quantized._read(f / "model.safetensors") for f in (whole, again))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_each_row_of_a_weight_gets_its_own_scale():
+    """One scale for the whole weight rounded the small rows of a layer to nothing; a scale per row keeps each."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 64) * torch.tensor([[1e-3], [1.0], [1e3]])
+    qweight, qscale = quantized.quantize_weight(weight)
+    assert qweight.dtype == torch.int8 and qscale.shape == (3,)
+    back = qweight.double() * qscale[:, None]
+    error = (back - weight.double()).norm(dim=1) / weight.double().norm(dim=1)
+    assert error.max() < 0.01, error
+
+
+def _layer_error(reduce_range: bool) -> float:
+    torch.manual_seed(1)
+    linear = nn.Linear(256, 128)
+    layer = quantized.Int8Linear(*quantized.quantize_weight(linear.weight), linear.bias)
+    layer.reduce_range = reduce_range
+    x = torch.randn(4, 256)
+    x[:, 3] *= 20   # an outlier channel, as in real activations
+    with torch.inference_mode():
+        return float((layer(x) - linear(x)).norm() / linear(x).norm())
+
+
+def test_the_int8_layer_computes_the_float_layer_closely():
+    assert _layer_error(reduce_range=not quantized.full_range_inputs()) < 0.03
+
+
+@pytest.mark.skipif(not quantized.full_range_inputs(), reason="this CPU has no VNNI: inputs keep 7 bits")
+def test_inputs_in_eight_bits_round_less_than_in_seven():
+    assert _layer_error(reduce_range=False) < 0.8 * _layer_error(reduce_range=True)
+
+
+def test_without_vnni_inputs_keep_seven_bits(monkeypatch):
+    quantized.full_range_inputs.cache_clear()
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False, raising=False)
+    try:
+        layer = quantized.Int8Linear(*quantized.quantize_weight(torch.randn(8, 16)))
+        assert layer.reduce_range
+    finally:
+        quantized.full_range_inputs.cache_clear()
