@@ -22,10 +22,11 @@ PACKED_FOR_ROWS = 4
 
 # Products of fewer rows than this are padded with zero rows to `PACKED_FOR_ROWS`. On the packed weight, oneDNN runs
 # a one-row product through another kernel than two rows or more, with other rounding, and slower: the 1.5B's 197
-# linear layers took 252 ms for one row, 278 ms for two, 215 and 213 ms padded to four (medians of 16,
-# `bench/scripts/linear_packing.py --model-rows`). Padded, a row's result is the same, bit for bit, whether it is
-# computed alone (the baseline's step) or among the rows of a verification pass. Whisper base's smaller layers took
-# the same time either way. From three rows on the product ran as fast as four.
+# linear layers took 252 and 274 ms for one row, 278 and 333 ms for two, and padded to four 215 and 268, 213 and 273
+# (medians of 16 in two runs, `bench/scripts/linear_packing.py --model-rows`, `bench/results/row-padding`). Padded,
+# a row's result is the same, bit for bit, whether it is computed alone (the baseline's step) or among the rows of a
+# verification pass. Whisper base's smaller layers took the same time either way. From three rows on the product
+# ran about as fast as four.
 PAD_BELOW_ROWS = 3
 
 
