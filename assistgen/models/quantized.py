@@ -2,11 +2,12 @@
 
 Each linear layer keeps its weight in int8 with a scale per output row, and quantizes its input to 8 bits at each call
 (`Int8Linear`). The first version quantized the whole weight with one scale, and the input to 7 bits (torch's
-`quantize_dynamic` defaults): the 0.5B's greedy tokens agreed with the 1.5B's on 44 % of translation positions, 60 %
-of chat and 78 % of summarization, against 60, 80 and 84 % in fp32. A scale per row and 8-bit inputs gave 55, 78 and
-80 % at the same speed (teacher-forced on the target's own greedy output, 5 prompts each; README, "The assistant's
-int8"). The input's eighth bit needs a CPU whose int8 products accumulate in 32 bits (VNNI): without it, fbgemm sums
-pairs of products in 16 bits, which the full range can overflow, so it keeps 7.
+`quantize_dynamic` defaults): the 0.5B's greedy tokens agreed with the 1.5B's on 46 % of translation positions, 60 %
+of chat and 78 % of summarization, against 76, 80 and 84 % in fp32. A scale per row and 8-bit inputs gave 67, 78 and
+82 % at the same speed (teacher-forced on the target's own greedy output, 5 prompts each:
+`bench/scripts/int8_agreement.py`; README, "The assistant's int8"). The input's eighth bit needs a CPU whose int8
+products accumulate in 32 bits (VNNI): without it, fbgemm sums pairs of products in 16 bits, which the full range can
+overflow, so it keeps 7.
 
 Quantizing at every load cost 7-12 s for the 0.5B. The int8 weights, their scales and every other tensor are stored
 instead, as plain tensors (never a pickle), and a load rebuilds the layers from them: the packing alone remains.
