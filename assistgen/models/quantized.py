@@ -54,13 +54,13 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         self.reduce_range = not full_range_inputs()
-        self._blocks = []
-        for r in range(0, self.out_features, PACK_ROWS):
-            weight = torch._make_per_channel_quantized_tensor(
-                qweight[r:r + PACK_ROWS].contiguous(), qscale[r:r + PACK_ROWS].double().contiguous(),
-                torch.zeros(min(PACK_ROWS, self.out_features - r), dtype=torch.long), 0)
-            self._blocks.append(torch.ops.quantized.linear_prepack(
-                weight, None if bias is None else bias[r:r + PACK_ROWS].float().contiguous()))
+        weights, scales = qweight.split(PACK_ROWS), qscale.double().split(PACK_ROWS)
+        biases = [None] * len(weights) if bias is None else bias.float().split(PACK_ROWS)
+        self._blocks = [
+            torch.ops.quantized.linear_prepack(torch._make_per_channel_quantized_tensor(
+                w.contiguous(), s.contiguous(), torch.zeros(len(s), dtype=torch.long), 0),
+                None if b is None else b.contiguous())
+            for w, s, b in zip(weights, scales, biases)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs = [torch.ops.quantized.linear_dynamic(x, block, reduce_range=self.reduce_range) for block in self._blocks]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from assistgen.models.quantized import quantize
+from assistgen.models.quantized import quantize, quantize_weight
 
 from .linear_packing import quartile_us
 
@@ -29,10 +29,9 @@ def kernels(weight: torch.Tensor):
     """Each kernel as a function of x (rows, in)."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data = weight
+    int8, scale = quantize_weight(weight)       # the same int8 weight and row scales as the assistant's
+    scale, scale_bf16 = scale.float(), scale.to(torch.bfloat16)
     dynamic = quantize(nn.Sequential(linear))[0]   # as the default pair's assistant is quantized
-    scale = weight.abs().amax(dim=1) / 127
-    int8 = torch.round(weight / scale[:, None]).to(torch.int8).contiguous()
-    scale_bf16 = scale.to(torch.bfloat16)
     return {"fp32": lambda x: nn.functional.linear(x, weight),
             "dynamic int8 (fbgemm)": dynamic,
             "weight-only int8, fp32 input": lambda x: torch._weight_int8pack_mm(x, int8, scale),
