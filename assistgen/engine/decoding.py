@@ -109,7 +109,7 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
     if tokenizer is None:
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                   encoder_outputs=encoder_outputs), eos)
+                                                   encoder_outputs=encoder_outputs, assistant=True), eos)
     else:
         source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
                                              assistant_tokenizer)

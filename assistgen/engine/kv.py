@@ -5,6 +5,8 @@ import inspect
 
 import torch
 
+from ..models import whisper_decoder
+
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
@@ -32,9 +34,13 @@ class CachedDecoder:
     The encoder of an encoder-decoder model runs once, here, unless its ``encoder_outputs`` are given (an assistant
     whose encoder ran on part of the input). A decoder-only Whisper (``WhisperForCausalLM``, the distil-Whisper
     assistant layout) takes another model's ``encoder_outputs``.
+
+    `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
+    `models.whisper_decoder.WhisperDecoderStep`, the same arithmetic without transformers' per-step overhead (a
+    third of tiny.en's draft pass). The target always runs through transformers' own modules.
     """
 
-    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None):
+    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False):
         self.model = model
         self.device = model.device
         self.passes = 0
@@ -61,6 +67,11 @@ class CachedDecoder:
         self._suppress = _as_list(getattr(gen, "suppress_tokens", None))
         self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
         self._begin_index = prefix_length
+        self._step = None
+        if assistant and whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
+            hidden = self._extra["encoder_outputs"]
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden.last_hidden_state
+            self._step = whisper_decoder.WhisperDecoderStep(model, hidden)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
@@ -69,6 +80,17 @@ class CachedDecoder:
         One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen.
         """
         reuse = min(_common_prefix(self._seen, tokens), len(tokens) - keep)
+        if self._step is not None:
+            logits = self._step.logits(tokens[reuse:], reuse, keep)
+        else:
+            logits = self._transformers_logits(tokens, reuse, keep)
+        self._seen = list(tokens)
+        self.passes += 1
+        if self._suppress or self._begin_suppress:
+            logits = self._mask(logits, first_position=len(tokens) - keep + 1)
+        return logits
+
+    def _transformers_logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
         cached = self._cache.get_seq_length() if self._cache is not None else 0
         if reuse < cached:
             self._cache.crop(reuse - cached)
@@ -78,12 +100,7 @@ class CachedDecoder:
             kwargs["logits_to_keep"] = keep
         out = self.model(**kwargs)
         self._cache = out.cache
-        self._seen = list(tokens)
-        self.passes += 1
-        logits = out.logits[0, -keep:].float()
-        if self._suppress or self._begin_suppress:
-            logits = self._mask(logits, first_position=len(tokens) - keep + 1)
-        return logits
+        return out.logits[0, -keep:].float()
 
     def _mask(self, logits: torch.Tensor, first_position: int) -> torch.Tensor:
         """The model's generation_config `suppress_tokens` everywhere, `begin_suppress_tokens` at the first new token."""
