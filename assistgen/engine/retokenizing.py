@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .drafting import Draft
+from . import kv
 from .kv import CachedDecoder, eos_token_ids
 
 
@@ -124,11 +125,6 @@ def _translate(prefix: list[int], target_tokenizer, assistant_tokenizer, drop) -
     return out
 
 
-# A Whisper assistant's encoder reads the clip and this much past its end, not 30 s of padding (whisper.cpp's
-# audio_ctx); see `clip_encoder_outputs`. None: the whole 30 s window, as the target reads it.
-ASSISTANT_AUDIO_MARGIN_S: float | None = 2.0
-
-
 def clip_encoder_outputs(model, features: torch.Tensor, frames: int, margin_s: float):
     """A Whisper encoder's output over the first `frames` mel frames (100 a second) plus `margin_s`, not the whole
     30 s window: the positional embedding is sliced to match. The encoder's cost grows with its length, and a clip of
@@ -165,9 +161,9 @@ def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, toke
         assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])
         frames = inputs.get("attention_mask")   # Whisper's feature extractor marks the clip's own frames
         encoder_outputs = None
-        if "input_features" in inputs and frames is not None and ASSISTANT_AUDIO_MARGIN_S is not None:
+        if "input_features" in inputs and frames is not None and kv.ASSISTANT_AUDIO_MARGIN_S is not None:
             encoder_outputs = clip_encoder_outputs(assistant_model, inputs["input_features"], int(frames.sum()),
-                                                   ASSISTANT_AUDIO_MARGIN_S)
+                                                   kv.ASSISTANT_AUDIO_MARGIN_S)
     else:
         assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer)
         assistant_inputs = {"input_ids": torch.tensor([assistant_prefix])}

@@ -227,7 +227,7 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
         return False
     # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
     # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
-    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir)
+    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir, spec)
 
 
 def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
@@ -283,18 +283,20 @@ def store_packed(model, folder: Path) -> int:
         return packed.store(model, packed.packed_folder(folder), json.loads((folder / CONVERSION_MARKER).read_text()))
 
 
-def int8_folder(folder: Path) -> Path:
-    return folder.with_name(f"{folder.name}-dynamic_int8")
+def int8_folder(folder: Path, spec: ModelSpec) -> Path:
+    """Where the int8 weights of `spec`, quantized from the float conversion in `folder`, are stored: a decoder-only
+    model (a Whisper's decoder without its encoder) apart from the whole model."""
+    return folder.with_name(f"{folder.name}-{'decoder-' if spec.decoder_only else ''}dynamic_int8")
 
 
-def int8_stored(folder: Path) -> bool:
-    """Whether the cache holds int8 weights quantized from this very float conversion."""
+def int8_stored(folder: Path, spec: ModelSpec) -> bool:
+    """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion."""
     from . import quantized
     try:
         source = json.loads((folder / CONVERSION_MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return quantized.is_stored(int8_folder(folder), source)
+    return quantized.is_stored(int8_folder(folder, spec), source)
 
 
 def _dynamic_int8(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
@@ -304,12 +306,12 @@ def _dynamic_int8(spec: ModelSpec, folder: Path, model_class, float_model, progr
     marker = folder / CONVERSION_MARKER
     if spec.source != "pack" or not marker.is_file():
         return quantized.quantize(float_model())
-    if int8_stored(folder):
+    if int8_stored(folder, spec):
         progress(0.85, f"{spec.name}: loading the stored int8 weights")
-        return quantized.load(int8_folder(folder), model_class)
+        return quantized.load(int8_folder(folder, spec), model_class)
     progress(0.85, f"{spec.name}: quantizing to int8 (once; stored in the cache)")
     model = quantized.quantize(float_model())
-    quantized.store(model, int8_folder(folder), json.loads(marker.read_text()))
+    quantized.store(model, int8_folder(folder, spec), json.loads(marker.read_text()))
     return model
 
 

@@ -55,7 +55,7 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
             report((i + min(1.0, fraction)) / len(models), message)
         started = time.perf_counter()
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
-        quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder)
+        quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder, spec)
         packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
             load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores

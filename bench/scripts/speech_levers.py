@@ -1,5 +1,5 @@
 """Levers on the speech pair's assistant, each measured against the same baselines: what its own encoder reads (the
-clip plus a margin, or Whisper's whole 30 s window), on real clips.
+clip plus a margin, or Whisper's whole 30 s window; for a lean decoder, the frames its cross-attention reads), on real clips.
 
     .venv/bin/python -m bench.scripts.speech_levers [--pair whisper-base+tiny.en-int8] [--repeats 3]
 
@@ -16,7 +16,7 @@ from assistgen.comparison.audio import load_audio
 from assistgen.app.validation import request_settings
 from assistgen.comparison.compare import run_generation, warm_up
 from assistgen.comparison.speech import speech_windows
-from assistgen.engine import retokenizing
+from assistgen.engine import kv
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
 
@@ -45,12 +45,12 @@ def main() -> None:
             baseline = run_generation(pair, windows, settings)
             names = list(LEVERS)
             for name in names[(n + repeat) % len(names):] + names[:(n + repeat) % len(names)]:
-                retokenizing.ASSISTANT_AUDIO_MARGIN_S = LEVERS[name]
+                kv.ASSISTANT_AUDIO_MARGIN_S = LEVERS[name]
                 assisted = run_generation(pair, windows, settings, draft_source="assistant")
                 assert assisted.new_tokens == baseline.new_tokens
                 rows[name].append((baseline.latency_s / assisted.latency_s, assisted.tokens_per_pass,
                                    assisted.acceptance_rate or 0.0))
-    retokenizing.ASSISTANT_AUDIO_MARGIN_S = LEVERS["... over the clip + 2 s (the default)"]
+    kv.ASSISTANT_AUDIO_MARGIN_S = LEVERS["... over the clip + 2 s (the default)"]
     print(f"{args.pair}, {len(clips)} clips x {args.repeats} repeats, medians (min-max):")
     print("| lever | speedup | tokens/pass | acceptance |\n|---|---|---|---|")
     for name, values in rows.items():

@@ -21,10 +21,11 @@ from assistgen.comparison.compare import Settings, run_generation, warm_up
 from assistgen.comparison.speech import asr_inputs
 from assistgen.engine import kv, retokenizing
 from assistgen.models.catalog import load_catalog
+from assistgen.models import whisper_decoder
 from assistgen.models.pool import ModelPool
 
-PARTS = ("target encoder", "assistant encoder", "prefix translation", "re-tokenization", "assistant passes",
-         "target passes")
+PARTS = ("target encoder", "assistant encoder", "assistant setup", "prefix translation", "re-tokenization",
+         "assistant passes", "target passes")
 
 
 class Timers:
@@ -62,6 +63,10 @@ def instrument(timers: Timers, pair) -> list:
         encoder = pair.assistant.model.get_encoder()
         restore.append((encoder, "forward", encoder.forward))
         timers.wrap(encoder, "forward", "assistant encoder")
+    restore.append((retokenizing, "clip_encoder_outputs", retokenizing.clip_encoder_outputs))
+    timers.wrap(retokenizing, "clip_encoder_outputs", "assistant encoder")   # the encoder over the clip's frames
+    restore.append((whisper_decoder.WhisperDecoderStep, "__init__", whisper_decoder.WhisperDecoderStep.__init__))
+    timers.wrap(whisper_decoder.WhisperDecoderStep, "__init__", "assistant setup")   # its cross-attention keys
     restore.append((retokenizing, "translate_prefix", retokenizing.translate_prefix))
     timers.wrap(retokenizing, "translate_prefix", "prefix translation")
     restore.append((kv.CachedDecoder, "logits", kv.CachedDecoder.logits))

@@ -5,6 +5,7 @@ from transformers import GenerationMixin
 
 import helpers as tm
 from assistgen import generate
+from assistgen.engine import kv
 from assistgen.engine.drafting import Draft
 
 FAMILIES = {
@@ -316,7 +317,7 @@ def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_s
 def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypatch):
     from assistgen.engine import retokenizing
     from helpers import whisper_tokenizer
-    monkeypatch.setattr(retokenizing, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
+    monkeypatch.setattr(kv, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
     tokenizer = whisper_tokenizer()
     target = tm.whisper(0)
     target.resize_token_embeddings(len(tokenizer))
