@@ -1,6 +1,6 @@
 """How to transcribe a recording longer than Whisper's 30 s window, judged by word error rate against the text read.
 
-    .venv/bin/python -m bench.scripts.longform_accuracy [--pair whisper-base+tiny.en-int8]
+    .venv/bin/python -m bench.scripts.longform_accuracy [--pair whisper-base+decoder-int8]
 
 Three ways, all greedy, on the same target (Whisper base):
 - ours: windows of at most 30 s cut at the quietest 100 ms of each window's last 5 s, each transcribed on its own
@@ -70,7 +70,7 @@ def chunked(pair, samples) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="whisper-base+tiny.en-int8")
+    parser.add_argument("--pair", default="whisper-base+decoder-int8")
     args = parser.parse_args()
     pair = ModelPool(load_catalog()).pair(args.pair)
     recordings = {name: (load_audio(LONG / f"{name}.flac"), (LONG / text).read_text()) for name, text in READINGS.items()}

@@ -1,7 +1,7 @@
 """Levers on the speech pair's assistant, each measured against the same baselines: what its own encoder reads (the
 clip plus a margin, or Whisper's whole 30 s window; for a lean decoder, the frames its cross-attention reads), on real clips.
 
-    .venv/bin/python -m bench.scripts.speech_levers [--pair whisper-base+tiny.en-int8] [--repeats 3]
+    .venv/bin/python -m bench.scripts.speech_levers [--pair whisper-base+decoder-int8] [--repeats 3]
 
 Every clip of bench/inputs/speech-real runs its baseline, then the assisted run under each lever, `--repeats` times,
 in rotating order; prints per lever the median speedup (min-max), tokens per pass and acceptance.
@@ -30,7 +30,7 @@ LEVERS = {"assistant encoder over the whole 30 s window": None,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="whisper-base+tiny.en-int8")
+    parser.add_argument("--pair", default="whisper-base+decoder-int8")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     catalog = load_catalog()

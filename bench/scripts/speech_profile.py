@@ -1,7 +1,7 @@
 """Where an assisted speech run's time goes, clip by clip: each encoder, the prefix translation between the two
 tokenizers, the re-tokenization of every step, the assistant's passes and the target's.
 
-    .venv/bin/python -m bench.scripts.speech_profile [--pair whisper-base+tiny.en-int8] [--repeats 3] CLIP...
+    .venv/bin/python -m bench.scripts.speech_profile [--pair whisper-base+decoder-int8] [--repeats 3] CLIP...
 
 Each clip runs the baseline and the assisted run `--repeats` times, interleaved; every part is timed inside the real
 loop (wrappers around the functions it calls, which add a few microseconds per call), and the medians are printed.
@@ -111,7 +111,7 @@ def profile(pair, inputs: dict, settings: Settings, draft_source: str | None) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="whisper-base+tiny.en-int8")
+    parser.add_argument("--pair", default="whisper-base+decoder-int8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("clips", nargs="+")
