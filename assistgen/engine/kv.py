@@ -5,7 +5,7 @@ import inspect
 
 import torch
 
-from ..models import whisper_decoder
+from . import whisper_decoder
 
 
 # An assistant reads a Whisper clip's own frames plus this much, not the 30 s of padding around a short clip
@@ -54,7 +54,7 @@ class CachedDecoder:
     assistant layout) takes another model's ``encoder_outputs``.
 
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
-    `models.whisper_decoder.WhisperDecoderStep`, the same arithmetic without transformers' per-step overhead (a
+    `whisper_decoder.WhisperDecoderStep`, the same arithmetic without transformers' per-step overhead (a
     third of tiny.en's draft pass). The target always runs through transformers' own modules.
     """
 

@@ -19,9 +19,8 @@ from assistgen.comparison.audio import load_audio
 from assistgen.app.validation import request_settings
 from assistgen.comparison.compare import Settings, run_generation, warm_up
 from assistgen.comparison.speech import asr_inputs
-from assistgen.engine import kv, retokenizing
+from assistgen.engine import kv, retokenizing, whisper_decoder
 from assistgen.models.catalog import load_catalog
-from assistgen.models import whisper_decoder
 from assistgen.models.pool import ModelPool
 
 PARTS = ("target encoder", "assistant encoder", "assistant setup", "prefix translation", "re-tokenization",

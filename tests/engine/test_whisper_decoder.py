@@ -7,7 +7,7 @@ import helpers as tm
 from assistgen.engine.decoding import generate
 from assistgen.engine.kv import CachedDecoder
 from assistgen.models import quantized
-from assistgen.models.whisper_decoder import WhisperDecoderStep, fused_linear, supports
+from assistgen.engine.whisper_decoder import WhisperDecoderStep, fused_linear, supports
 
 
 def _transformers_logits(model, encoder_hidden, tokens):

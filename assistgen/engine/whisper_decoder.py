@@ -24,8 +24,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .quantized import Int8Linear
-
 
 def supports(model) -> bool:
     """Whether `model` is a Whisper whose decoder this module runs."""
@@ -38,10 +36,12 @@ def fused_linear(linears: list[nn.Module]) -> nn.Module:
     """One product for several linear layers that read the same input, their outputs side by side. Exact: each
     output row is still its own weight row's product (an int8 layer keeps its per-row scales; its input is quantized
     once, as each layer would have quantized it)."""
-    if all(isinstance(m, Int8Linear) for m in linears):
+    kind = type(linears[0])
+    if hasattr(kind, "stored") and all(type(m) is kind for m in linears):
+        # int8 layers (`models.quantized.Int8Linear`): rebuilt from their stored int8 weights, rows side by side
         parts = [m.stored() for m in linears]
         biases = [b if b is not None else torch.zeros(w.shape[0]) for w, _, b in parts]
-        return Int8Linear(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
+        return kind(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
     if all(type(m) is nn.Linear for m in linears):
         weight = torch.cat([m.weight.detach() for m in linears])
         fused = nn.Linear(weight.shape[1], weight.shape[0], bias=True, device=weight.device, dtype=weight.dtype)
