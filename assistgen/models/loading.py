@@ -166,6 +166,24 @@ def _count(model) -> tuple[int, int]:
             sum(p.numel() * p.element_size() for p in unique if p.device.type != "meta"))
 
 
+def decoding_pass_bytes(model) -> int:
+    """Bytes of linear-layer weights one decoding pass reads (what memory-bound decoding costs): an encoder's are
+    read once per input, not per pass, and an input embedding's one row a token. An int8 layer reads a byte a weight,
+    a float one its dtype's size, whatever its layout (oneDNN-packed or not)."""
+    total = 0
+    for name, module in model.named_modules():
+        if "encoder" in name.split(".") or not hasattr(module, "in_features") or not hasattr(module, "out_features"):
+            continue
+        if hasattr(module, "stored"):           # quantized.Int8Linear
+            size = 1
+        else:
+            weight = getattr(module, "weight", None)
+            size = (weight.element_size() if isinstance(weight, torch.Tensor) and not weight.is_mkldnn
+                    else torch.finfo(model.dtype).bits // 8)
+        total += module.in_features * module.out_features * size
+    return total
+
+
 def offloaded(model) -> bool:
     """Whether accelerate placed part of the model on disk (its weights are read back at every pass)."""
     return "disk" in set((getattr(model, "hf_device_map", None) or {}).values())
@@ -484,9 +502,11 @@ def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | Non
     if mode != "same-tokenizer":
         reason = (f"different tokenizers ({reason}): the assistant drafts text in its own vocabulary, which is "
                   "re-tokenized for the target at every step; the target still decides every token")
-    ratio = target.num_parameters / max(1, assistant.num_parameters)
+    target_bytes, assistant_bytes = decoding_pass_bytes(target.model), decoding_pass_bytes(assistant.model)
+    ratio = target_bytes / max(1, assistant_bytes)
     if ratio < PARAMETER_RATIO_WARNING:
-        warnings.append(f"the assistant is only {ratio:.1f}x smaller than the target ({assistant.num_parameters/1e6:,.0f}M"
-                        f" vs {target.num_parameters/1e6:,.0f}M parameters); assisted generation pays off best at "
-                        f"about {PARAMETER_RATIO_WARNING:.0f}x or more")
+        warnings.append(f"an assistant pass reads only {ratio:.1f}x fewer weight bytes than a target pass "
+                        f"({assistant_bytes/1e6:,.0f} MB vs {target_bytes/1e6:,.0f} MB); assisted generation pays off "
+                        f"best at about {PARAMETER_RATIO_WARNING:.0f}x or more, or where the drafts are accepted "
+                        "almost always")
     return LoadedPair(spec, target, assistant, mode, reason, warnings)

@@ -1,4 +1,4 @@
-"""Pair checks and the model pool: tokenizer classification, parameter-ratio warnings, LRU eviction in a budget."""
+"""Pair checks and the model pool: tokenizer classification, size-ratio warnings, LRU eviction in a budget."""
 import threading
 import time
 
@@ -39,7 +39,7 @@ def test_pair_check_warns_when_the_assistant_is_not_much_smaller(tiny_catalog_pa
     pair = check_pair(spec, _loaded("t", tm.qwen2(0, vocab=320), tok), _loaded("a", tm.qwen2(1, vocab=320), tok))
     assert pair.mode == "same-tokenizer" and pair.assistant_usable
     assert pair.parameter_ratio == pytest.approx(1.0)
-    assert any("only 1.0x smaller" in w for w in pair.warnings)
+    assert any("only 1.0x fewer weight bytes" in w for w in pair.warnings)
 
 
 def test_pair_check_explains_a_different_tokenizer_pair(tiny_catalog_path):
@@ -147,3 +147,13 @@ def test_pool_makes_room_before_a_first_load_by_the_size_its_headers_give(catalo
     pool.model(catalog.models["tiny-speech-target"])
     # the least recently used went first, before the load: 60 held + 70 would not fit in 100, 20 + 70 does
     assert seen["tiny-speech-target"] == ["tiny-text-assistant"]
+
+
+def test_a_decoding_pass_reads_the_decoders_linear_weights_a_byte_each_in_int8():
+    from assistgen.models import quantized
+    from assistgen.models.loading import decoding_pass_bytes
+    model = tm.whisper(0)   # d_model 32, decoder FFN 64, 2 decoder layers, vocabulary 96; its encoder is not counted
+    per_layer = 8 * 32 * 32 + 2 * 32 * 64          # self and cross attention's 4 projections each, then the MLP
+    weights = 2 * per_layer + 96 * 32              # and the output layer
+    assert decoding_pass_bytes(model) == 4 * weights
+    assert decoding_pass_bytes(quantized.quantize(model)) == weights
