@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..comparison.probe import SpeedProbe
+from ..models.loading import _count
 
 VERIFY_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -33,6 +34,8 @@ def floor(pair, bandwidth_gb_s: float) -> dict:
     tied = getattr(model.config, "tie_word_embeddings", False)   # the output layer reads the whole table
     if embeddings is not None and not tied:
         weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
+    if model.config.is_encoder_decoder:   # an encoder reads its weights once per input, not once per token
+        weight_bytes -= _count(model.get_encoder())[1]
     return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),
             "floor_ms_per_token": round(1000 * weight_bytes / (bandwidth_gb_s * 1e9), 2)}
 

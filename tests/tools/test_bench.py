@@ -117,3 +117,17 @@ def test_bench_without_a_token_budget_runs_each_pair_at_its_own(tiny_catalog_pat
     assert results["meta"]["max_new_tokens"] == {"tiny-text": 24}   # the pair's default in its catalog
     assert max(r["new_tokens"] for r in results["runs"]) == 24
     assert "max_new_tokens each pair's own (tiny-text: 24)" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_the_floor_of_an_encoder_decoder_model_leaves_its_encoder_out():
+    from types import SimpleNamespace
+
+    import helpers as tm
+    from assistgen.models.loading import _count
+    from assistgen.tools.passcosts import floor
+    model = tm.whisper(0)
+    _, nbytes = _count(model)
+    encoder = _count(model.get_encoder())[1]
+    assert 0 < encoder < nbytes
+    result = floor(SimpleNamespace(target=SimpleNamespace(model=model, num_bytes=nbytes)), bandwidth_gb_s=10.0)
+    assert result["bytes_per_token"] == nbytes - encoder   # Whisper's output layer shares the embedding table
