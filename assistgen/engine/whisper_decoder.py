@@ -74,13 +74,24 @@ class _Side(nn.Module):
         return torch.cat([m(x) for m in self.linears], dim=-1)
 
 
+def _norm(norm: nn.LayerNorm):
+    """A layer norm as a plain function: a draft pass calls 19 of them, and a module's call costs more than a
+    function's."""
+    weight, bias, shape, eps = norm.weight, norm.bias, norm.normalized_shape, norm.eps
+    return lambda x: F.layer_norm(x, shape, weight, bias, eps)
+
+
 class _Layer:
-    """One decoder layer's modules, its cross-attention keys and values, and its self-attention cache."""
+    """One decoder layer's products (each module's own forward, without the module call around it), its norms, its
+    cross-attention keys and values, and its self-attention cache."""
 
     def __init__(self, layer, encoder_hidden: torch.Tensor, heads: int, max_length: int):
-        self.layer = layer
         attn, cross = layer.self_attn, layer.encoder_attn
-        self.qkv = _fused_qkv(attn)
+        self.qkv = _fused_qkv(attn).forward
+        self.self_out, self.cross_q, self.cross_out = attn.out_proj.forward, cross.q_proj.forward, cross.out_proj.forward
+        self.fc1, self.fc2 = layer.fc1.forward, layer.fc2.forward
+        self.self_norm, self.cross_norm = _norm(layer.self_attn_layer_norm), _norm(layer.encoder_attn_layer_norm)
+        self.final_norm = _norm(layer.final_layer_norm)
         self.scaling = attn.scaling
         self.head_dim = encoder_hidden.shape[-1] // heads
         split = lambda x: x.view(1, x.shape[-2], heads, self.head_dim).transpose(1, 2)   # noqa: E731
@@ -109,8 +120,8 @@ class WhisperDecoderStep:
         self.device = model.device
         self.embed = decoder.embed_tokens
         self.positions = decoder.embed_positions.weight
-        self.final_norm = decoder.layer_norm
-        self.proj_out = model.proj_out
+        self.final_norm = _norm(decoder.layer_norm)
+        self.proj_out = model.proj_out.forward
         self.layers = [_Layer(layer, encoder_hidden, self.heads, self.max_length) for layer in decoder.layers]
         self.length = 0
 
@@ -128,8 +139,7 @@ class WhisperDecoderStep:
         for layer in self.layers:
             hidden = hidden + self._self_attention(layer, hidden, start, end, mask)
             hidden = hidden + self._cross_attention(layer, hidden)
-            block = layer.layer
-            hidden = hidden + block.fc2(F.gelu(block.fc1(block.final_layer_norm(hidden))))
+            hidden = hidden + layer.fc2(F.gelu(layer.fc1(layer.final_norm(hidden))))
         self.length = end
         return self.proj_out(self.final_norm(hidden[0, n - keep:])).float()
 
@@ -137,21 +147,18 @@ class WhisperDecoderStep:
         return x.view(1, x.shape[1], self.heads, head_dim).transpose(1, 2)
 
     def _self_attention(self, layer: _Layer, hidden, start: int, end: int, mask) -> torch.Tensor:
-        block = layer.layer
-        q, k, v = layer.qkv(block.self_attn_layer_norm(hidden)).chunk(3, dim=-1)
+        q, k, v = layer.qkv(layer.self_norm(hidden)).chunk(3, dim=-1)
         q = self._heads(q * layer.scaling, layer.head_dim)
         layer.keys[:, :, start:end] = self._heads(k, layer.head_dim)
         layer.values[:, :, start:end] = self._heads(v, layer.head_dim)
         out = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
                                              scale=1.0)
-        return block.self_attn.out_proj(out.transpose(1, 2).reshape(hidden.shape))
+        return layer.self_out(out.transpose(1, 2).reshape(hidden.shape))
 
     def _cross_attention(self, layer: _Layer, hidden) -> torch.Tensor:
-        block = layer.layer
-        cross = block.encoder_attn
-        q = self._heads(cross.q_proj(block.encoder_attn_layer_norm(hidden)) * layer.scaling, layer.head_dim)
+        q = self._heads(layer.cross_q(layer.cross_norm(hidden)) * layer.scaling, layer.head_dim)
         # one query against every frame: two batched products (keys stored transposed) took 165 us a layer against
         # SDPA's 250 over 1500 frames (tiny.en's 6 heads, 2 threads), whose kernel is built for many queries
         weights = torch.matmul(q, layer.cross_keys_t).softmax(dim=-1)
         out = torch.matmul(weights, layer.cross_values)
-        return cross.out_proj(out.transpose(1, 2).reshape(hidden.shape))
+        return layer.cross_out(out.transpose(1, 2).reshape(hidden.shape))

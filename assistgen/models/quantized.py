@@ -63,8 +63,12 @@ class Int8Linear(nn.Module):
             for w, s, b in zip(weights, scales, biases)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [torch.ops.quantized.linear_dynamic(x, block, reduce_range=self.reduce_range) for block in self._blocks]
-        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)).to(x.dtype)
+        if len(self._blocks) == 1:   # most layers: no list, no concatenation (a draft pass makes dozens of calls)
+            out = torch.ops.quantized.linear_dynamic(x, self._blocks[0], reduce_range=self.reduce_range)
+        else:
+            out = torch.cat([torch.ops.quantized.linear_dynamic(x, block, reduce_range=self.reduce_range)
+                             for block in self._blocks], dim=-1)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The int8 weight, the scale of each row and the bias, whole."""
