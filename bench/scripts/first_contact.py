@@ -1,17 +1,19 @@
 """A new user's first contact, timed: prepare on a fresh cache, the app started, the page served, the first click and
 later clicks, in headless Chromium, as the README's first command leaves things.
 
-    .venv/bin/python -m bench.scripts.first_contact [--cache DIR] [--clicks 3] [--max-new-tokens 128] [--text "..."]
+    .venv/bin/python -m bench.scripts.first_contact [--cache DIR] [--keep] [--clicks 3] [--max-new-tokens 128]
 
-Without --cache it prepares into a fresh temporary folder (several minutes: every offline pack is converted). The
-install itself (the pip part of the first command) is timed by hand: `time` it on a clean machine. Prints a line per
-stage and writes nothing else. A benchmark, not a test.
+Without --cache it prepares into a fresh temporary folder (several minutes: every offline pack is converted; about
+22 GB), removed at the end unless --keep. The install itself (the pip part of the first command) is timed by hand:
+`time` it on a clean machine. Prints a line per stage; writes only the screenshots of each click, to a small
+temporary folder it names. A benchmark, not a test.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,8 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clicks", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--text", default=DEFAULT_TEXT)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary cache (about 22 GB; by default it is removed at the end)")
     args = parser.parse_args(argv)
     cache = args.cache or tempfile.mkdtemp(prefix="assistgen-first-contact-")
+    shots = Path(tempfile.mkdtemp(prefix="assistgen-first-contact-shots-"))   # a few hundred KB, kept
+    try:
+        return _run(args, cache, shots)
+    finally:
+        if not args.cache and not args.keep:   # left behind, a few runs filled this machine's disk
+            shutil.rmtree(cache, ignore_errors=True)
+        print(f"screenshots: {shots}", flush=True)
+
+
+def _run(args, cache: str, shots: Path) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "ASSISTGEN_CACHE": cache}
 
     started = time.perf_counter()
@@ -77,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"baseline {figures['#baseline-figures']:.1f} s, assisted {figures['#assisted-figures']:.1f} s, "
                       f"{speedup}×{'; timing flagged as not reliable' if 'Timing not reliable' in summary else ''}",
                       flush=True)
-                page.screenshot(path=str(Path(cache) / f"click{click}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"click{click}.png"), full_page=True)
             browser.close()
     finally:
         proc.terminate()
