@@ -9,8 +9,8 @@ assistant: 6–9 ms against 16–25 ms for base's fp32 pass through transformers
 
 - the self-attention's query, key and value projections are one product (their rows side by side);
 - the cross-attention's keys and values are computed once per input, from the encoder's output;
-- the self-attention's keys and values live in one buffer per layer, allocated once (rejected drafts are dropped by
-  moving the length back);
+- the self-attention's keys and values live in one buffer per layer, allocated once (each feed says where it starts,
+  so rejected drafts are simply written over);
 - no mask at all for one new token; an explicit causal mask when several are fed at once.
 
 It only ever runs an assistant: the target's passes stay transformers' own, so nothing here can change a transcript,
@@ -75,6 +75,11 @@ class _Side(nn.Module):
         return torch.cat([m(x) for m in self.linears], dim=-1)
 
 
+def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(1, tokens, heads × dim) -> (1, heads, tokens, dim), a view."""
+    return x.view(1, x.shape[-2], heads, x.shape[-1] // heads).transpose(1, 2)
+
+
 def _norm(norm: nn.LayerNorm):
     """A layer norm as a plain function: a draft pass calls 19 of them, and a module's call costs more than a
     function's."""
@@ -89,17 +94,18 @@ class _Layer:
     def __init__(self, layer, encoder_hidden: torch.Tensor, heads: int, max_length: int):
         attn, cross = layer.self_attn, layer.encoder_attn
         self.qkv = _fused_qkv(attn).forward
-        self.self_out, self.cross_q, self.cross_out = attn.out_proj.forward, cross.q_proj.forward, cross.out_proj.forward
+        self.self_out = attn.out_proj.forward
+        self.cross_q, self.cross_out = cross.q_proj.forward, cross.out_proj.forward
         self.fc1, self.fc2 = layer.fc1.forward, layer.fc2.forward
         self.self_norm, self.cross_norm = _norm(layer.self_attn_layer_norm), _norm(layer.encoder_attn_layer_norm)
         self.final_norm = _norm(layer.final_layer_norm)
         self.scaling = attn.scaling
-        self.head_dim = encoder_hidden.shape[-1] // heads
-        split = lambda x: x.view(1, x.shape[-2], heads, self.head_dim).transpose(1, 2)   # noqa: E731
-        self.cross_keys_t = split(cross.k_proj(encoder_hidden)).transpose(2, 3).contiguous()   # (1, heads, dim, frames)
-        self.cross_values = split(cross.v_proj(encoder_hidden)).contiguous()
-        self.keys = encoder_hidden.new_empty(1, heads, max_length, self.head_dim)
-        self.values = encoder_hidden.new_empty(1, heads, max_length, self.head_dim)
+        head_dim = encoder_hidden.shape[-1] // heads
+        keys = _split_heads(cross.k_proj(encoder_hidden), heads)
+        self.cross_keys_t = keys.transpose(2, 3).contiguous()   # (1, heads, dim, frames)
+        self.cross_values = _split_heads(cross.v_proj(encoder_hidden), heads).contiguous()
+        self.keys = encoder_hidden.new_empty(1, heads, max_length, head_dim)
+        self.values = encoder_hidden.new_empty(1, heads, max_length, head_dim)
 
 
 class WhisperDecoderStep:
@@ -124,7 +130,6 @@ class WhisperDecoderStep:
         self.final_norm = _norm(decoder.layer_norm)
         self.proj_out = model.proj_out.forward
         self.layers = [_Layer(layer, encoder_hidden, self.heads, self.max_length) for layer in decoder.layers]
-        self.length = 0
 
     @torch.inference_mode()
     def logits(self, new: list[int], start: int, keep: int = 1) -> torch.Tensor:
@@ -141,23 +146,19 @@ class WhisperDecoderStep:
             hidden = hidden + self._self_attention(layer, hidden, start, end, mask)
             hidden = hidden + self._cross_attention(layer, hidden)
             hidden = hidden + layer.fc2(F.gelu(layer.fc1(layer.final_norm(hidden))))
-        self.length = end
         return self.proj_out(self.final_norm(hidden[0, n - keep:])).float()
-
-    def _heads(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-        return x.view(1, x.shape[1], self.heads, head_dim).transpose(1, 2)
 
     def _self_attention(self, layer: _Layer, hidden, start: int, end: int, mask) -> torch.Tensor:
         q, k, v = layer.qkv(layer.self_norm(hidden)).chunk(3, dim=-1)
-        q = self._heads(q * layer.scaling, layer.head_dim)
-        layer.keys[:, :, start:end] = self._heads(k, layer.head_dim)
-        layer.values[:, :, start:end] = self._heads(v, layer.head_dim)
+        q = _split_heads(q * layer.scaling, self.heads)
+        layer.keys[:, :, start:end] = _split_heads(k, self.heads)
+        layer.values[:, :, start:end] = _split_heads(v, self.heads)
         out = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
                                              scale=1.0)
         return layer.self_out(out.transpose(1, 2).reshape(hidden.shape))
 
     def _cross_attention(self, layer: _Layer, hidden) -> torch.Tensor:
-        q = self._heads(layer.cross_q(layer.cross_norm(hidden)) * layer.scaling, layer.head_dim)
+        q = _split_heads(layer.cross_q(layer.cross_norm(hidden)) * layer.scaling, self.heads)
         # one query against every frame: two batched products (keys stored transposed) took 165 us a layer against
         # SDPA's 250 over 1500 frames (tiny.en's 6 heads, 2 threads), whose kernel is built for many queries
         weights = torch.matmul(q, layer.cross_keys_t).softmax(dim=-1)

@@ -15,7 +15,7 @@ from .catalog import Catalog, ModelSpec, PairSpec
 from .packs import PackError, assemble, cache_dir, file_lock, package_dir
 
 Progress = Callable[[float, str], None]
-PARAMETER_RATIO_WARNING = 10.0
+SIZE_RATIO_WARNING = 10.0
 CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
 
 
@@ -166,21 +166,42 @@ def _count(model) -> tuple[int, int]:
             sum(p.numel() * p.element_size() for p in unique if p.device.type != "meta"))
 
 
+def _linear_weight_size(module, dtype: torch.dtype) -> int | None:
+    """Bytes a weight of a linear-like layer takes, whatever its layout (int8, oneDNN-packed or plain); None for a
+    module that is not one."""
+    from .quantized import Int8Linear
+    if not hasattr(module, "in_features") or not hasattr(module, "out_features"):
+        return None
+    if isinstance(module, Int8Linear):
+        return 1
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and not weight.is_mkldnn:
+        return weight.element_size()
+    return torch.finfo(dtype).bits // 8
+
+
+def weight_bytes(module, dtype: torch.dtype) -> int:
+    """Bytes of a module's weights as loaded: its parameters (`_count`), and the linear weights and biases kept
+    outside them once packed (oneDNN's layout, int8)."""
+    total = _count(module)[1]
+    for m in module.modules():
+        size = _linear_weight_size(m, dtype)
+        if size is None or isinstance(getattr(m, "weight", None), torch.nn.Parameter):
+            continue
+        bias = getattr(m, "bias", None)
+        total += m.in_features * m.out_features * size
+        total += bias.numel() * bias.element_size() if isinstance(bias, torch.Tensor) else 0
+    return total
+
+
 def decoding_pass_bytes(model) -> int:
     """Bytes of linear-layer weights one decoding pass reads (what memory-bound decoding costs): an encoder's are
-    read once per input, not per pass, and an input embedding's one row a token. An int8 layer reads a byte a weight,
-    a float one its dtype's size, whatever its layout (oneDNN-packed or not)."""
+    read once per input, not per pass, and an input embedding's one row a token."""
     total = 0
     for name, module in model.named_modules():
-        if "encoder" in name.split(".") or not hasattr(module, "in_features") or not hasattr(module, "out_features"):
-            continue
-        if hasattr(module, "stored"):           # quantized.Int8Linear
-            size = 1
-        else:
-            weight = getattr(module, "weight", None)
-            size = (weight.element_size() if isinstance(weight, torch.Tensor) and not weight.is_mkldnn
-                    else torch.finfo(model.dtype).bits // 8)
-        total += module.in_features * module.out_features * size
+        size = _linear_weight_size(module, model.dtype)
+        if size is not None and "encoder" not in name.split("."):
+            total += module.in_features * module.out_features * size
     return total
 
 
@@ -504,9 +525,9 @@ def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | Non
                   "re-tokenized for the target at every step; the target still decides every token")
     target_bytes, assistant_bytes = decoding_pass_bytes(target.model), decoding_pass_bytes(assistant.model)
     ratio = target_bytes / max(1, assistant_bytes)
-    if ratio < PARAMETER_RATIO_WARNING:
+    if ratio < SIZE_RATIO_WARNING:
         warnings.append(f"an assistant pass reads only {ratio:.1f}x fewer weight bytes than a target pass "
                         f"({assistant_bytes/1e6:,.0f} MB vs {target_bytes/1e6:,.0f} MB); assisted generation pays off "
-                        f"best at about {PARAMETER_RATIO_WARNING:.0f}x or more, or where the drafts are accepted "
+                        f"best at about {SIZE_RATIO_WARNING:.0f}x or more, or where the drafts are accepted "
                         "almost always")
     return LoadedPair(spec, target, assistant, mode, reason, warnings)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..comparison.probe import SpeedProbe
-from ..models.loading import _count
+from ..models.loading import weight_bytes as held_bytes
 
 VERIFY_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -35,7 +35,7 @@ def floor(pair, bandwidth_gb_s: float) -> dict:
     if embeddings is not None and not tied:
         weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
     if model.config.is_encoder_decoder:   # an encoder reads its weights once per input, not once per token
-        weight_bytes -= _count(model.get_encoder())[1]
+        weight_bytes -= held_bytes(model.get_encoder(), model.dtype)
     return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),
             "floor_ms_per_token": round(1000 * weight_bytes / (bandwidth_gb_s * 1e9), 2)}
 

@@ -1,7 +1,8 @@
 """The int8 assistant's linear layers under two int8 kernels: what the default pair uses (fbgemm's dynamic int8:
 a scale per weight row, activations quantized on the fly; `assistgen.models.quantized.Int8Linear`; until 2026-12-03
-one scale per weight) against weight-only int8 with a scale per output channel (`torch._weight_int8pack_mm`, the kernel gpt-fast's int8 uses), its input in fp32 and in bf16; fp32 as the
-reference. Shapes of Qwen2.5-0.5B, the default text pair's assistant; seeded random weights.
+one scale per weight) against weight-only int8 with a scale per output channel (`torch._weight_int8pack_mm`, the
+kernel gpt-fast's int8 uses), its input in fp32 and in bf16; fp32 as the reference. Shapes of Qwen2.5-0.5B, the
+default text pair's assistant; seeded random weights.
 
     .venv/bin/python -m bench.scripts.int8_kernels
 

@@ -1,5 +1,6 @@
-"""Levers on the speech pair's assistant, each measured against the same baselines: what its own encoder reads (the
-clip plus a margin, or Whisper's whole 30 s window; for a lean decoder, the frames its cross-attention reads), on real clips.
+"""Levers on the speech pair's assistant, each measured against the same baselines: what it reads of the clip (its own
+encoder's input, or, for a decoder reading the target's encoder, the frames its cross-attention attends to: the clip
+plus a margin, or Whisper's whole 30 s window), on real clips.
 
     .venv/bin/python -m bench.scripts.speech_levers [--pair whisper-base+decoder-int8] [--repeats 3]
 

@@ -58,7 +58,7 @@ def instrument(timers: Timers, pair) -> list:
     original_encoder = target.get_encoder().forward
     restore.append((target.get_encoder(), "forward", original_encoder))
     timers.wrap(target.get_encoder(), "forward", "target encoder")
-    if pair.assistant is not None:
+    if pair.assistant is not None and pair.assistant.model.config.is_encoder_decoder:   # a decoder-only one has none
         encoder = pair.assistant.model.get_encoder()
         restore.append((encoder, "forward", encoder.forward))
         timers.wrap(encoder, "forward", "assistant encoder")
