@@ -7,6 +7,7 @@ from typing import Callable
 
 from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from ..engine.decoding import GenerationResult, Step, generate, joined
+from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language
@@ -200,7 +201,11 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     here.
 
     A recording's windows run one after the other (`on_window` hears each as it begins), each with the settings'
-    token budget and time limit, and come back as one run (`engine.decoding.joined`)."""
+    token budget and time limit, and come back as one run (`engine.decoding.joined`).
+
+    The adaptive schedule starts from the pass costs its last run with this pair and draft source measured (they
+    belong to the models and the machine, not to the input): each window of a recording after the first, and every
+    run after a pair's first, drafts by measured costs from its first step instead of drafting blind for two."""
     kwargs = {}
     if draft_source in ("assistant", "assistant_lookup"):
         kwargs["assistant_model"] = pair.assistant.model
@@ -212,11 +217,17 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
         raise ValueError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)} or None, got {draft_source!r}")
 
     def one(model_inputs: dict) -> GenerationResult:
-        return generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
-                        do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
-                        seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
-                        num_assistant_tokens_schedule=settings.schedule, eos_token_id=list(pair.target.eos_token_ids),
-                        on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
+        schedule = settings.schedule
+        if schedule == "adaptive" and draft_source is not None:
+            schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured.get(draft_source))
+        result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
+                          do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
+                          seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
+                          num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
+                          on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
+        if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
+            pair.measured[draft_source] = schedule
+        return result
     if isinstance(inputs, dict):
         return one(inputs)
     results = []

@@ -88,3 +88,22 @@ def test_both_runs_go_through_every_window_and_the_json_has_each(speech_pair):
     # each window's first step reads its prompt: the per-pass figures leave both out
     assert data["baseline"]["time"]["passes_after_prompt"] == data["baseline"]["target_passes"] - 2
     assert result.identical
+
+
+def test_the_adaptive_schedule_starts_each_run_from_the_costs_the_last_one_measured(speech_pair):
+    """A recording's first window drafts blind for its first steps (the heuristic's 5, then 7); its next window, and
+    the next run, start from the costs and calibration measured so far, so their first step already drafts by
+    them: up to the schedule's cap of 32 while the drafts pay (how far they go depends on this machine's timings,
+    so only the window is checked). Both runs stay identical to their baselines."""
+    pair, tokenizer = speech_pair
+    windows = [SpeechWindow(0.0, 28.5, _window(tokenizer, "en")), SpeechWindow(28.5, 40.0, _window(tokenizer, "en"))]
+    heuristic = compare(pair, "asr", windows, Settings(max_new_tokens=24))
+    assert pair.measured == {} and heuristic.identical   # the other schedules keep no costs
+    first = compare(pair, "asr", windows, Settings(max_new_tokens=24, schedule="adaptive"))
+    starts = [first.assisted.steps[i] for i in first.assisted.prompt_steps]
+    assert [step.window for step in starts] == [5, 32]
+    measured = pair.measured["assistant"]
+    assert measured.costs.known
+    second = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive"))
+    assert second.assisted.steps[0].window == 32 and pair.measured["assistant"] is not measured
+    assert first.identical and second.identical

@@ -114,6 +114,42 @@ def test_without_costs_it_drafts_the_window_like_the_heuristic():
     assert schedule.assistant_s is None and schedule.plain_s is None and schedule.window == 7
 
 
+def test_an_earlier_generations_costs_let_the_first_step_draft_by_them():
+    earlier = warmed(0.05, cpu_verify)
+    schedule = AdaptiveSchedule(5, measured=earlier)
+    assert schedule.window == schedule.max_window   # no blind window: the drafts' confidences decide from the start
+    assert schedule.assistant_s == pytest.approx(0.05) and schedule.costs.pass_s(4) == earlier.costs.pass_s(4)
+    assert schedule.keep_drafting([0.99] * 6) and not schedule.keep_drafting([0.99, 0.99, 0.2])
+    schedule.update(3, 3, 9.0, 9.0, [0.9] * 3)   # its own prompt step
+    schedule.update(2, 2, 2.0, 3.0, [0.9] * 2)   # a very different machine now: its own costs count from here
+    assert schedule.assistant_s > 0.05 and earlier.assistant_s == pytest.approx(0.05)   # a copy: the lender is as it was
+    fresh = AdaptiveSchedule(5, measured=AdaptiveSchedule(5))   # a schedule that measured nothing lends nothing
+    assert fresh.window == 5 and not fresh.costs.known
+
+
+def test_drafts_without_confidences_keep_the_heuristics_window_after_an_earlier_generation():
+    earlier = AdaptiveSchedule(5)
+    for _ in range(4):
+        earlier.update(4, 4, 0.0, 0.4)   # prompt lookup: model-free drafts, no confidences
+    earlier.update(0, 0, 0.0, 0.3)       # the plain pass the switch compares with
+    assert earlier.costs.known
+    schedule = AdaptiveSchedule(5, measured=earlier)
+    assert schedule.window == 5 and schedule.plain_s == pytest.approx(0.3)
+
+
+def test_a_carried_calibration_keeps_what_was_learnt_at_a_weight_new_drafts_can_move():
+    learnt = schedules.Calibration()
+    for _ in range(100):
+        learnt.observe([0.35], 1, 1)   # drafts at 0.35 confidence, always accepted (an assistant that is the target's
+                                       # own decoder in int8 agrees even where both are unsure)
+    carried = learnt.carried(schedules.CARRIED_DRAFTS)
+    assert carried(0.35) == pytest.approx(learnt(0.35)) and learnt(0.35) > 0.95
+    assert carried(0.75) == pytest.approx(0.75)   # no evidence there: the prior, as before
+    for _ in range(schedules.CARRIED_DRAFTS):
+        carried.observe([0.35], 1, 0)            # this input: all rejected
+    assert carried(0.35) < 0.55 and learnt(0.35) > 0.95   # half-way back within as many drafts as it carried
+
+
 def replay(schedule, trace, assistant_s, verify):
     """Simulated seconds to emit a trace of (accepted, confidence) per position, as the decoding loop would."""
     return schedules.replay(schedule, [a for a, _ in trace], [c for _, c in trace], assistant_s=assistant_s,
