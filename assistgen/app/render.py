@@ -71,11 +71,14 @@ def figures_markdown(run: dict, assisted: bool) -> str:
     rows += [("setup (encoder, caches)", fmt_value(t["setup_s"], ".2f", " s")),
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
               fmt_value(t["prompt_s"], ".2f", " s"))]
-    if assisted:
+    if assisted and not t["passes_after_prompt"]:
+        rows.append(("later steps", "none: the first target pass verified every draft" if run["assistant_passes"]
+                     else "none"))
+    elif assisted:
         rows += [("drafting (later steps)", fmt_value(t["drafting_s"], ".2f", " s")),
                  ("verifying (later target passes)", f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
                   f" × {_ms(t['s_per_pass'])}, {t['rows_verified']} rows, {_ms(t['s_per_row'])} per row")]
-    else:
+    elif t["passes_after_prompt"]:
         rows.append(("decoding (later target passes)",
                      f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × {_ms(t['s_per_pass'])}"))
     rows.append(("other (bookkeeping, streaming)", fmt_value(t["other_s"], ".2f", " s")))
@@ -88,20 +91,30 @@ def _ms(seconds) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
+def _passes(n: int) -> str:
+    return f"{n} pass" if n == 1 else f"{n} passes"
+
+
 def explanation(result: dict) -> str:
     """Why the speedup is what it is, in the measured parts that add up to each latency."""
     b, a = result["baseline"], result["assisted"]
     tb, ta = b["time"], a["time"]
     fixed_b, fixed_a = tb["setup_s"] + tb["prompt_s"], ta["setup_s"] + ta["prompt_s"]
-    text = (f"Baseline {b['latency_s']:.2f} s = {fixed_b:.2f} s setup and first step + {tb['passes_after_prompt']} "
-            f"passes × {_ms(tb['s_per_pass'])} + {tb['other_s']:.2f} s other. "
-            f"Assisted {a['latency_s']:.2f} s = {fixed_a:.2f} s setup and first step + {ta['drafting_s']:.2f} s "
-            f"drafting + {ta['passes_after_prompt']} passes × {_ms(ta['s_per_pass'])} verifying "
-            f"({ta['rows_verified']} rows) + {ta['other_s']:.2f} s other.")
-    if tb["s_per_pass"] and ta["s_per_pass"]:
-        text += (f" The target ran {a['target_passes']} passes instead of {b['target_passes']}; a verifying pass "
-                 f"cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one")
-        text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
+    later_b = (f"{_passes(tb['passes_after_prompt'])} × {_ms(tb['s_per_pass'])}" if tb["passes_after_prompt"]
+               else "no other pass")
+    later_a = (f"{ta['drafting_s']:.2f} s drafting + {_passes(ta['passes_after_prompt'])} × {_ms(ta['s_per_pass'])} "
+               f"verifying ({ta['rows_verified']} rows)" if ta["passes_after_prompt"]
+               else "no other pass" + (" (the first verified every draft)" if a["assistant_passes"] else ""))
+    text = (f"Baseline {b['latency_s']:.2f} s = {fixed_b:.2f} s setup and first step + {later_b} + "
+            f"{tb['other_s']:.2f} s other. Assisted {a['latency_s']:.2f} s = {fixed_a:.2f} s setup and first step + "
+            f"{later_a} + {ta['other_s']:.2f} s other.")
+    if a["target_passes"] != b["target_passes"]:
+        text += f" The target ran {_passes(a['target_passes'])} instead of {b['target_passes']}"
+        if tb["s_per_pass"] and ta["s_per_pass"]:
+            text += f"; a verifying pass cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one"
+            text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
+        else:
+            text += "."
     return text
 
 
