@@ -52,8 +52,8 @@ class LoadedPair:
     mode_reason: str
     warnings: list[str] = field(default_factory=list)
     probe: Any = None           # the comparison's speed probe (assistgen.probe.SpeedProbe), built at first use
-    measured: dict = field(default_factory=dict)   # draft source -> the last adaptive schedule run with it, whose
-                                                   # measured pass costs start the next run's (`run_generation`)
+    measured: dict = field(default_factory=dict)   # (draft source, sampled) -> the last adaptive schedule run so,
+                                                   # whose costs and calibration start the next's (`run_generation`)
 
     @property
     def parameter_ratio(self) -> float | None:

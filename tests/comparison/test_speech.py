@@ -102,8 +102,11 @@ def test_the_adaptive_schedule_starts_each_run_from_the_costs_the_last_one_measu
     first = compare(pair, "asr", windows, Settings(max_new_tokens=24, schedule="adaptive"))
     starts = [first.assisted.steps[i] for i in first.assisted.prompt_steps]
     assert [step.window for step in starts] == [5, 32]
-    measured = pair.measured["assistant"]
+    measured = pair.measured["assistant", False]
     assert measured.costs.known
     second = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive"))
-    assert second.assisted.steps[0].window == 32 and pair.measured["assistant"] is not measured
+    assert second.assisted.steps[0].window == 32 and pair.measured["assistant", False] is not measured
     assert first.identical and second.identical
+    sampled = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8,
+                                                          seed=0))
+    assert sampled.assisted.steps[0].window == 5   # sampled drafts learn their own calibration: blind at first
