@@ -72,8 +72,8 @@ def figures_markdown(run: dict, assisted: bool) -> str:
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
               fmt_value(t["prompt_s"], ".2f", " s"))]
     if assisted and not t["passes_after_prompt"]:
-        rows.append(("later steps", "none: the first target pass verified every draft" if run["assistant_passes"]
-                     else "none"))
+        rows.append(("later steps", "none: every token came from " + ("the first target pass" if run["target_passes"] == 1
+                                                                     else "each window's first target pass")))
     elif assisted:
         rows += [("drafting (later steps)", fmt_value(t["drafting_s"], ".2f", " s")),
                  ("verifying (later target passes)", f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
@@ -101,20 +101,18 @@ def explanation(result: dict) -> str:
     tb, ta = b["time"], a["time"]
     fixed_b, fixed_a = tb["setup_s"] + tb["prompt_s"], ta["setup_s"] + ta["prompt_s"]
     later_b = (f"{_passes(tb['passes_after_prompt'])} × {_ms(tb['s_per_pass'])}" if tb["passes_after_prompt"]
-               else "no other pass")
+               else "no later pass")
     later_a = (f"{ta['drafting_s']:.2f} s drafting + {_passes(ta['passes_after_prompt'])} × {_ms(ta['s_per_pass'])} "
                f"verifying ({ta['rows_verified']} rows)" if ta["passes_after_prompt"]
-               else "no other pass" + (" (the first verified every draft)" if a["assistant_passes"] else ""))
+               else "no later pass")
     text = (f"Baseline {b['latency_s']:.2f} s = {fixed_b:.2f} s setup and first step + {later_b} + "
             f"{tb['other_s']:.2f} s other. Assisted {a['latency_s']:.2f} s = {fixed_a:.2f} s setup and first step + "
             f"{later_a} + {ta['other_s']:.2f} s other.")
     if a["target_passes"] != b["target_passes"]:
-        text += f" The target ran {_passes(a['target_passes'])} instead of {b['target_passes']}"
-        if tb["s_per_pass"] and ta["s_per_pass"]:
-            text += f"; a verifying pass cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one"
-            text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
-        else:
-            text += "."
+        text += f" The target ran {_passes(a['target_passes'])} instead of {b['target_passes']}."
+    if tb["s_per_pass"] and ta["s_per_pass"]:
+        text += f" A verifying pass cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one"
+        text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
     return text
 
 

@@ -203,10 +203,10 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     A recording's windows run one after the other (`on_window` hears each as it begins), each with the settings'
     token budget and time limit, and come back as one run (`engine.decoding.joined`).
 
-    The adaptive schedule starts from the pass costs and calibration its last run with this pair, draft source and
-    decoding (greedy or sampled) measured (costs belong to the models and the machine, not to the input): each
-    window of a recording after the first, and every run after a pair's first, drafts by measured costs from its
-    first step instead of drafting blind for two."""
+    The adaptive schedule starts from the pass costs and calibration that its last run with this pair, draft source
+    and decoding (greedy, or sampled at this temperature and top-p) measured: each window of a recording after the
+    first, and every such run after the first, drafts by measured costs from its first step instead of drafting
+    blind for two."""
     kwargs = {}
     if draft_source in ("assistant", "assistant_lookup"):
         kwargs["assistant_model"] = pair.assistant.model
@@ -219,16 +219,17 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
 
     def one(model_inputs: dict) -> GenerationResult:
         schedule = settings.schedule
-        measured = (draft_source, settings.do_sample)   # sampled drafts are accepted at another rate than greedy ones
+        # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
+        key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
         if schedule == "adaptive" and draft_source is not None:
-            schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured.get(measured))
+            schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured_schedules.get(key))
         result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
                           do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
                           seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
                           num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
-            pair.measured[measured] = schedule
+            pair.measured_schedules[key] = schedule
         return result
     if isinstance(inputs, dict):
         return one(inputs)

@@ -97,6 +97,9 @@ class Calibration:
 # (a 2-row pass about 1.2 plain passes, about 3 % more per row), replaced as soon as the real ones are measured.
 FIRST_VERIFY_OVER_PLAIN = 1.2
 SLOPE_PER_ROW = 0.03
+# The line through verification costs is fitted to the sizes measured most recently, so that costs carried from
+# earlier generations (`AdaptiveSchedule`'s `measured`) give way to this one's as it measures its own
+VERIFY_SIZES_KEPT = 6
 
 
 class PassCosts:
@@ -119,7 +122,9 @@ class PassCosts:
         if rows == 1:
             self.plain_s = self._mean(self.plain_s, pass_s)
         else:
-            self._verify[rows] = self._mean(self._verify.get(rows), pass_s)
+            self._verify[rows] = self._mean(self._verify.pop(rows, None), pass_s)   # the latest size last
+            while len(self._verify) > VERIFY_SIZES_KEPT:   # the size measured longest ago leaves the line
+                del self._verify[next(iter(self._verify))]
             self._line = self._fit_line()
 
     def pass_s(self, rows: int) -> float | None:
@@ -199,8 +204,7 @@ class AdaptiveSchedule:
     - **Until the costs are measured** (the first two steps) it drafts the heuristic's window, up to `max_window`
       after that. `measured`, an earlier generation's schedule with the same models on this machine, lends its costs
       and its calibration (at the weight of `CARRIED_DRAFTS` drafts a bin, so this input's own drafts soon count):
-      then even the first step drafts by them. A short generation gains most: a Whisper clip of 14 tokens took two
-      blind steps (5 and 7 drafts) and so two verification passes, where one would do.
+      then even the first step drafts by them, which matters most to generations only a few steps long.
 
     Without confidences (prompt lookup, an assistant with another tokenizer) the window follows the heuristic's
     +2/-1 rule, at least `min_window`, and a `DraftSwitch` decides whether to draft at all; the one plain pass it

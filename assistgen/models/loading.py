@@ -52,8 +52,9 @@ class LoadedPair:
     mode_reason: str
     warnings: list[str] = field(default_factory=list)
     probe: Any = None           # the comparison's speed probe (assistgen.probe.SpeedProbe), built at first use
-    measured: dict = field(default_factory=dict)   # (draft source, sampled) -> the last adaptive schedule run so,
-                                                   # whose costs and calibration start the next's (`run_generation`)
+    # (draft source, temperature, top-p) -> the last adaptive schedule run so (an engine.schedules.AdaptiveSchedule),
+    # whose costs and calibration start the next such run's (`comparison.compare.run_generation`)
+    measured_schedules: dict[tuple, Any] = field(default_factory=dict)
 
     @property
     def parameter_ratio(self) -> float | None:

@@ -51,7 +51,7 @@ def test_the_panels_update_less_often_when_no_core_is_spare_for_it(monkeypatch):
 
 def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_figures():
     """A short clip can come back in one target pass (the schedule drafted it all first): the page says so, instead
-    of "0 passes × n/a" and a pass ratio it cannot have."""
+    of "0 passes × n/a"; with as many passes as the baseline, the pass costs are still explained."""
     from assistgen.app.render import explanation, figures_markdown
     from assistgen.comparison.compare import run_figures
     from assistgen.engine.decoding import GenerationResult, Step
@@ -59,11 +59,15 @@ def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_
     one = GenerationResult([5, 6, 7], [Step([5, 6], 2, [5, 6, 7], 32, 0.01, 0.03)], 1, 3, 0.45, "eos", 0.4)
     result = {"baseline": run_figures(plain, "x"), "assisted": run_figures(one, "x")}
     text = explanation(result)
-    assert "no other pass (the first verified every draft)" in text and "The target ran 1 pass instead of 3." in text
+    assert "no later pass + " in text and "The target ran 1 pass instead of 3." in text
     assert "n/a" not in text and "0 passes" not in text
     table = figures_markdown(result["assisted"], assisted=True)
-    assert "none: the first target pass verified every draft" in table and "n/a" not in table
+    assert "none: every token came from the first target pass" in table and "n/a" not in table
     several = GenerationResult([5, 6, 7], [Step([5], 1, [5, 6], 5, 0.01, 0.03), Step([], 0, [7], 5, 0.0, 0.03)], 2, 1,
                                0.47, "eos", 0.4)
     text = explanation({"baseline": run_figures(plain, "x"), "assisted": run_figures(several, "x")})
-    assert "1 pass × 30.0 ms verifying" in text and "The target ran 2 passes instead of 3; a verifying pass" in text
+    assert "1 pass × 30.0 ms verifying" in text and "The target ran 2 passes instead of 3. A verifying pass" in text
+    rejected = GenerationResult([5, 6, 7], [Step([9], 0, [5], 5, 0.01, 0.03), Step([8], 0, [6], 5, 0.01, 0.03),
+                                            Step([4], 0, [7], 5, 0.01, 0.03)], 3, 3, 0.6, "eos", 0.4)
+    text = explanation({"baseline": run_figures(plain, "x"), "assisted": run_figures(rejected, "x")})
+    assert "The target ran" not in text and "A verifying pass cost 1.50× a plain one, and drafting added 0.02 s." in text

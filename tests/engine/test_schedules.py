@@ -127,6 +127,20 @@ def test_an_earlier_generations_costs_let_the_first_step_draft_by_them():
     assert fresh.window == 5 and not fresh.costs.known
 
 
+def test_carried_verification_costs_give_way_to_the_sizes_this_generation_measures():
+    slow = AdaptiveSchedule(5)
+    slow.update(3, 3, 9.0, 9.0, [0.9] * 3)
+    for k in range(1, 7):
+        slow.update(k, k, 0.1 * k, 2 * cpu_verify(k), [0.9] * k)   # a host twice as slow, 2 to 7 rows
+    schedule = AdaptiveSchedule(5, measured=slow)
+    schedule.update(3, 3, 9.0, 9.0, [0.9] * 3)
+    for k in range(7, 13):   # six sizes of its own
+        for _ in range(3):
+            schedule.update(k, k, 0.1 * k, cpu_verify(k), [0.9] * k)   # this host: 8 rows and more
+    assert schedule.costs.pass_s(4) == pytest.approx(cpu_verify(3), rel=0.02)   # the line is this host's alone
+    assert slow.costs.pass_s(4) == pytest.approx(2 * cpu_verify(3), rel=0.02)
+
+
 def test_drafts_without_confidences_keep_the_heuristics_window_after_an_earlier_generation():
     earlier = AdaptiveSchedule(5)
     for _ in range(4):
