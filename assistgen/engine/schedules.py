@@ -97,9 +97,6 @@ class Calibration:
 # (a 2-row pass about 1.2 plain passes, about 3 % more per row), replaced as soon as the real ones are measured.
 FIRST_VERIFY_OVER_PLAIN = 1.2
 SLOPE_PER_ROW = 0.03
-# The line through verification costs is fitted to the sizes measured most recently, so that costs carried from
-# earlier generations (`AdaptiveSchedule`'s `measured`) give way to this one's as it measures its own
-VERIFY_SIZES_KEPT = 6
 
 
 class PassCosts:
@@ -112,6 +109,7 @@ class PassCosts:
         self.assistant_s: float | None = None     # one drafted token
         self._verify: dict[int, float] = {}       # rows read (two or more) -> seconds
         self._line: tuple[float, float, float] | None = None  # (rows, seconds, seconds per row) through them
+        self._lent: set[int] = set()              # sizes measured by an earlier generation (`lent`)
 
     def _mean(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -122,10 +120,20 @@ class PassCosts:
         if rows == 1:
             self.plain_s = self._mean(self.plain_s, pass_s)
         else:
-            self._verify[rows] = self._mean(self._verify.pop(rows, None), pass_s)   # the latest size last
-            while len(self._verify) > VERIFY_SIZES_KEPT:   # the size measured longest ago leaves the line
-                del self._verify[next(iter(self._verify))]
+            self._verify[rows] = self._mean(self._verify.get(rows), pass_s)
+            self._lent.discard(rows)
+            if self._lent and len(self._verify) - len(self._lent) >= 2:   # a line of this generation's own
+                for lent in self._lent:
+                    del self._verify[lent]
+                self._lent.clear()
             self._line = self._fit_line()
+
+    def lent(self) -> "PassCosts":
+        """A copy for another generation: its verification sizes give way once that one has measured two of its own
+        (a slower or faster hour, a longer prompt), its other means are updated as usual."""
+        copied = copy.deepcopy(self)
+        copied._lent = set(copied._verify)
+        return copied
 
     def pass_s(self, rows: int) -> float | None:
         """Seconds of a target pass that reads `rows` tokens; None before anything was measured. A line fitted to
@@ -222,7 +230,7 @@ class AdaptiveSchedule:
         self._steps = 0
         self._confident = False                    # the drafts come with confidences
         if measured is not None and measured.costs.known:
-            self.costs = copy.deepcopy(measured.costs)
+            self.costs = measured.costs.lent()
             self._confident = measured._confident
             self.calibrated = measured.calibrated.carried(CARRIED_DRAFTS)
             if self._confident:
