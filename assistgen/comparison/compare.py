@@ -217,10 +217,11 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     elif draft_source not in (None, "assistant"):
         raise ValueError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)} or None, got {draft_source!r}")
 
+    # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
+    key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
+
     def one(model_inputs: dict) -> GenerationResult:
         schedule = settings.schedule
-        # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
-        key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
         if schedule == "adaptive" and draft_source is not None:
             schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured_schedules.get(key))
         result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,

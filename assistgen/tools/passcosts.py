@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..comparison.probe import SpeedProbe
-from ..models.loading import weight_bytes as held_bytes
+from ..models.loading import weight_bytes
 
 VERIFY_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -28,16 +28,16 @@ def memory_bandwidth_gb_s(megabytes: int = 1024, repeats: int = 7) -> float:
 def floor(pair, bandwidth_gb_s: float) -> dict:
     """The fastest possible baseline: every weight read once per token, at the machine's read bandwidth."""
     model = pair.target.model
-    weight_bytes = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
+    per_token = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
     # The embedding lookup reads one row per token, not the table (unless the output layer shares it).
     embeddings = model.get_input_embeddings()
     tied = getattr(model.config, "tie_word_embeddings", False)   # the output layer reads the whole table
     if embeddings is not None and not tied:
-        weight_bytes -= embeddings.weight.numel() * embeddings.weight.element_size()
+        per_token -= embeddings.weight.numel() * embeddings.weight.element_size()
     if model.config.is_encoder_decoder:   # an encoder reads its weights once per input, not once per token
-        weight_bytes -= held_bytes(model.get_encoder(), model.dtype)
-    return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(weight_bytes),
-            "floor_ms_per_token": round(1000 * weight_bytes / (bandwidth_gb_s * 1e9), 2)}
+        per_token -= weight_bytes(model.get_encoder(), model.dtype)
+    return {"bandwidth_gb_s": round(bandwidth_gb_s, 2), "bytes_per_token": int(per_token),
+            "floor_ms_per_token": round(1000 * per_token / (bandwidth_gb_s * 1e9), 2)}
 
 
 def verify_curve(model, inputs: dict, rows: tuple[int, ...] = VERIFY_ROWS, rounds: int = 2) -> list[dict]:
