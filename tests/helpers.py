@@ -362,3 +362,27 @@ def speech_wav(path: Path, text: str = "Assisted generation makes large language
     subprocess.run(["sox", str(raw), "-r", str(rate), "-c", str(channels), "-b", str(bits), str(path)], check=True)
     raw.unlink()
     return path
+
+
+def encode_audio(samples: np.ndarray, rate: int, path: Path, codec: str, container: str, *, video: bool = False) -> Path:
+    """`samples` (samples × channels, float32) encoded by FFmpeg, the way a phone or a browser writes them."""
+    layout = "mono" if samples.shape[1] == 1 else "stereo"
+    import av
+    with av.open(str(path), "w", format=container) as out:
+        picture = sound = None
+        if video:   # a film's picture beside its sound, as a phone's video has
+            picture = out.add_stream("mpeg4", rate=10)
+            picture.width, picture.height, picture.pix_fmt = 64, 48, "yuv420p"
+        if samples.size:
+            sound = out.add_stream(codec, rate=48000 if codec == "libopus" else rate, layout=layout)
+        if picture is not None:
+            for i in range(max(10, int(10 * len(samples) / rate))):
+                frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i % 255, np.uint8), format="rgb24")
+                out.mux(picture.encode(frame))
+            out.mux(picture.encode(None))
+        if sound is not None:
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples.T), format="fltp", layout=layout)
+            frame.sample_rate = rate
+            out.mux(sound.encode(frame))
+            out.mux(sound.encode(None))
+    return path

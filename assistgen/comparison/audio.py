@@ -25,34 +25,19 @@ def duration_text(seconds: float) -> str:
     return f"{minutes} min" + (f" {rest} s" if rest else "")
 
 
+FORMATS = "WAV, FLAC, MP3, OGG/Opus, M4A/AAC, WebM or MP4"
+
+
 def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
     """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, undecodable, too long, too
-    short or silent audio."""
-    import soundfile as sf
+    short or silent audio. The length is read from the file's header before anything is decoded."""
     max_seconds = max_audio_seconds() if max_seconds is None else max_seconds
     if path is None or str(path).strip() == "":
         raise InputError("no audio: upload a clip or record one with the microphone")
     path = Path(path)
     if not path.is_file():
         raise InputError(f"the audio file {path.name!r} is missing; upload it again")
-    try:
-        info = sf.info(str(path))
-    except Exception:
-        raise InputError(f"{path.name!r} is not audio this app can decode; use WAV, FLAC, OGG or MP3") from None
-    duration = info.frames / info.samplerate if info.samplerate and info.frames > 0 else None
-    if duration is not None and duration > max_seconds:
-        raise InputError(f"the recording is {duration_text(duration)} long; the limit is {duration_text(max_seconds)} "
-                         "(ASSISTGEN_MAX_AUDIO_SECONDS): trim it or split it")
-    try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=int((max_seconds + 1) * info.samplerate))
-    except Exception:
-        raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
-    if samples.size == 0:
-        raise InputError(f"{path.name!r} holds no audio samples")
-    expected = min(info.frames, int((max_seconds + 1) * info.samplerate)) if info.frames > 0 else 0
-    if len(samples) < 0.9 * expected:  # e.g. an MP3 cut short: its header promises more than is there
-        raise InputError(f"{path.name!r} is damaged or truncated: its header promises {expected / rate:.1f} s but "
-                         f"only {len(samples) / rate:.1f} s can be decoded; export it again")
+    samples, rate = _decode(path, max_seconds)
     mono = samples.mean(axis=1)
     seconds = len(mono) / rate
     if seconds > max_seconds:  # formats whose header does not state a length
@@ -65,3 +50,80 @@ def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = No
         import soxr
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def _too_long(duration: float | None, max_seconds: float) -> None:
+    if duration is not None and duration > max_seconds:
+        raise InputError(f"the recording is {duration_text(duration)} long; the limit is {duration_text(max_seconds)} "
+                         "(ASSISTGEN_MAX_AUDIO_SECONDS): trim it or split it")
+
+
+def _check_complete(path: Path, decoded: int, expected: int, rate: int) -> None:
+    if decoded == 0:
+        raise InputError(f"{path.name!r} holds no audio samples")
+    if decoded < 0.9 * expected:  # e.g. an MP3 cut short: its header promises more than is there
+        raise InputError(f"{path.name!r} is damaged or truncated: its header promises {expected / rate:.1f} s but "
+                         f"only {decoded / rate:.1f} s can be decoded; export it again")
+
+
+def _decode(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
+    """(samples × channels, float32; sample rate), at most `max_seconds` + 1 s of them: libsndfile for WAV, FLAC,
+    MP3 and OGG (Vorbis, Opus); FFmpeg (PyAV) for what it cannot read, such as a phone's M4A (AAC), a browser's WebM
+    recording or a video's sound track."""
+    import soundfile as sf
+    try:
+        info = sf.info(str(path))
+    except Exception:
+        return _decode_with_ffmpeg(path, max_seconds)
+    _too_long(info.frames / info.samplerate if info.samplerate and info.frames > 0 else None, max_seconds)
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=int((max_seconds + 1) * info.samplerate))
+    except Exception:
+        raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
+    _check_complete(path, len(samples), min(info.frames, int((max_seconds + 1) * info.samplerate))
+                    if info.frames > 0 else 0, rate)
+    return samples, rate
+
+
+def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
+    undecodable = InputError(f"{path.name!r} is not audio this app can decode; use {FORMATS}")
+    try:
+        import av
+    except ImportError:   # an install without PyAV: libsndfile's formats only
+        raise undecodable from None
+    try:
+        container = av.open(str(path))
+    except Exception:
+        raise undecodable from None
+    with container:
+        if not container.streams.audio:
+            raise InputError(f"{path.name!r} has no sound track; upload a recording with sound")
+        stream = container.streams.audio[0]
+        rate, channels = stream.rate, stream.channels
+        if not rate or not channels:
+            raise undecodable
+        if container.duration:   # microseconds
+            duration = container.duration / 1e6
+        elif stream.duration and stream.time_base:
+            duration = float(stream.duration * stream.time_base)
+        else:
+            duration = None
+        _too_long(duration, max_seconds)
+        limit = int((max_seconds + 1) * rate)
+        # packed float32 at the stream's own rate and channels: downmixed and resampled as libsndfile's output is
+        resampler = av.AudioResampler(format="flt", layout=stream.layout, rate=rate)
+        chunks, decoded = [], 0
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1, channels))
+                    decoded += len(chunks[-1])
+                if decoded > limit:
+                    break
+        except Exception:
+            if not chunks:
+                raise undecodable from None
+            raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
+    samples = np.concatenate(chunks)[:limit] if chunks else np.zeros((0, channels), np.float32)
+    _check_complete(path, len(samples), min(int(duration * rate), limit) if duration else 0, rate)
+    return samples, rate

@@ -28,7 +28,7 @@ from assistgen.models.loading import LoadError, load_model
 from assistgen.models.pool import ModelPool
 from assistgen.app.service import Service
 from assistgen.comparison.tasks import InputError
-from helpers import ROOT, free_port, speech_wav
+from helpers import ROOT, encode_audio, free_port, speech_wav
 
 ASR = {"task": "asr", "pair": "tiny-speech", "text": None}
 
@@ -123,6 +123,16 @@ def test_a_real_mp3_is_accepted_and_corrupt_or_truncated_ones_get_a_clear_error(
         cut.write_bytes(data[:int(len(data) * fraction)])
         message = expect_error(client, cut.name, audio=handle_file(str(cut)), **ASR)
         assert "can decode" in message or "truncated" in message, message
+    still_serves(client)
+
+
+def test_a_phones_m4a_and_a_browsers_webm_are_transcribed_through_the_api(served, tmp_path, speech):
+    _, _, client = served
+    samples, rate = sf.read(str(speech), dtype="float32", always_2d=True)
+    for name, codec, container in (("memo.m4a", "aac", "mp4"), ("recording.webm", "libopus", "webm")):
+        result = compare(client, audio=handle_file(str(encode_audio(samples, rate, tmp_path / name, codec, container))),
+                         **ASR)
+        assert result["identical"] is True and result["baseline"]["new_tokens"] >= 1
     still_serves(client)
 
 
