@@ -26,6 +26,10 @@ def duration_text(seconds: float) -> str:
 
 
 FORMATS = "WAV, FLAC, MP3, OGG/Opus, M4A/AAC, WebM or MP4"
+# What FFmpeg may open an upload as: containers of recorded sound (and video), never a playlist or another format
+# that reads further files or URLs (HLS, concat), and only from the file itself
+FFMPEG_OPTIONS = {"protocol_whitelist": "file",
+                  "format_whitelist": "mov,mp4,m4a,3gp,matroska,webm,aac,asf,amr,ogg,mp3,wav,w64,flac,caf,aiff,avi"}
 
 
 def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
@@ -92,7 +96,7 @@ def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int
     except ImportError:   # an install without PyAV: libsndfile's formats only
         raise undecodable from None
     try:
-        container = av.open(str(path))
+        container = av.open(str(path), options=FFMPEG_OPTIONS)
     except Exception:
         raise undecodable from None
     with container:

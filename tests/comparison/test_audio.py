@@ -89,3 +89,13 @@ def test_damaged_compressed_files_get_a_clear_error(speech, tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(InputError, match="not audio this app can decode; use WAV, FLAC, MP3"):
             load_audio(tmp_path / name)
+
+
+def test_a_playlist_that_points_at_other_files_is_refused_unread(speech, tmp_path):
+    samples, _ = speech
+    encode(samples, 16000, tmp_path / "clip.aac", "aac", "adts")
+    playlist = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nclip.aac\n#EXT-X-ENDLIST\n"
+    for name in ("list.m3u8", "list.m4a"):   # FFmpeg's HLS demuxer would read clip.aac (or a URL) through it
+        (tmp_path / name).write_text(playlist)
+        with pytest.raises(InputError, match="not audio this app can decode"):
+            load_audio(tmp_path / name)
