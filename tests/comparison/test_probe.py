@@ -125,3 +125,32 @@ def test_the_time_breakdown_adds_up_to_each_latency(pair):
     steps = data["assisted"]["steps"][1:]
     assert data["assisted"]["time"]["rows_verified"] == sum(len(s["candidates"]) + 1 for s in steps)
     assert data["baseline"]["time"]["drafting_s"] == 0
+
+
+def test_the_probe_is_built_before_the_warm_up_so_the_warm_up_runs_around_its_memory(tiny_catalog_path, monkeypatch):
+    """The probe keeps an encoder output and a KV cache for good: built after the warm-up, the first timed run (the
+    baseline) was the first to fit its memory around them, and paid for it."""
+    import assistgen.comparison.compare as compare_module
+    fresh = ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-speech")
+    order = []
+    real_probe, real_run = compare_module.SpeedProbe, compare_module.run_generation
+
+    def probe(*args, **kwargs):
+        order.append("probe")
+        return real_probe(*args, **kwargs)
+
+    def run_generation(*args, **kwargs):
+        order.append("generation")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(compare_module, "SpeedProbe", probe)
+    monkeypatch.setattr(compare_module, "run_generation", run_generation)
+    from assistgen.comparison.speech import asr_inputs
+    import numpy as np
+    inputs = asr_inputs(fresh, np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32))
+    compare_module.warm_up(fresh, inputs)
+    assert order == ["probe", "generation"] and fresh.probe is not None and fresh.target.warm
+    order.clear()
+    compare_module.warm_up(fresh, inputs)   # once per pair
+    compare(fresh, "asr", inputs, Settings(max_new_tokens=4))
+    assert order == ["generation", "generation"]   # the baseline and the assisted run; no second probe
