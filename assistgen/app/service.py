@@ -17,7 +17,7 @@ from ..comparison.compare import Comparison, Settings, compare, warm_up
 from ..models.loading import LoadError, LoadedPair, default_device, pair_availability
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit
-from .streaming import Snapshot, stream
+from .streaming import ModelThread, Snapshot, stream
 from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
 from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
@@ -53,6 +53,7 @@ class Service:
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
         self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
+        self.model_thread = ModelThread()   # and all of it on one thread, which the warm-up warms for every request
         self.update_interval_s = update_interval_s()
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class Service:
             except MemoryError:
                 raise UserError("the server ran out of memory; try a shorter input or fewer max_new_tokens") from None
 
-        yield from stream(work, self.update_interval_s)
+        yield from stream(work, self.update_interval_s, self.model_thread)
 
     @staticmethod
     def speech_language(pair: LoadedPair, samples, language: str | None) -> dict:
@@ -162,18 +163,21 @@ class Service:
 
     # --- start-up ---------------------------------------------------------------------------------------------------
     def preload(self, pair_names: list[str]) -> list[str]:
-        """Load and warm up these pairs now, one at a time under the model lock, so no click pays for it (the app
+        """Load and warm up these pairs now, one at a time on the model thread, so no click pays for it (the app
         does this in the background at start-up). Returns the pairs that failed; a failure here is reported again,
         with its reason, to whoever picks that pair."""
         failed = []
         for name in pair_names:
             try:
-                with self._lock:
-                    pair = self.pool.pair(name)
-                    warm_up(pair, self._warm_up_inputs(pair))
+                self.model_thread.call(self._load_and_warm_up, name)
             except Exception:  # the pair's own request will show the reason
                 failed.append(name)
         return failed
+
+    def _load_and_warm_up(self, name: str) -> None:
+        with self._lock:
+            pair = self.pool.pair(name)
+            warm_up(pair, self._warm_up_inputs(pair))
 
     def _warm_up_inputs(self, pair: LoadedPair) -> dict:
         if "asr" in pair.spec.tasks:

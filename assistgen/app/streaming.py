@@ -1,14 +1,16 @@
-"""A comparison run in a worker thread, its events folded into snapshots that are streamed at a bounded rate."""
+"""A comparison run on the model thread, its events folded into snapshots that are streamed at a bounded rate."""
 from __future__ import annotations
 
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ..comparison.compare import Comparison
 from ..models.loading import LoadedPair
+
+T = TypeVar("T")
 
 PHASE_MESSAGES = {"warm-up": "warming the models up (once per pair)",
                   "probe": "timing a fixed target pass, to check that the machine's speed holds",
@@ -54,23 +56,65 @@ def apply(state: Snapshot, kind: str, payload) -> None:
         state.phase, state.message, state.comparison = "done", "done", payload
 
 
-def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_interval_s: float
-           ) -> Iterator[Snapshot]:
-    """Run `work(emit)` in a worker thread and yield snapshots as its events arrive: steps are coalesced into one
-    update per `update_interval_s` (rendering competes with the timed runs for the CPU), every other event is
-    yielded at once. An exception in the worker is raised here, in the caller's thread."""
+class ModelThread:
+    """The one thread that runs a service's model work (loading, warm-up, comparisons) for the life of the process.
+
+    A thread's first heavy passes pay for what the process set up for that thread alone (memory, the OpenMP team
+    serving it), and the warm-up only helps the timed runs that come after it in the same thread. With a thread per
+    request and the warm-up in a start-up thread, the first comparison after the app started ran its baseline (the
+    first timed run) with Whisper's encoder at 1.0-1.5 s against 0.55-0.65 s afterwards, and showed 1.6-2.1× where
+    later clicks of the same clip showed 1.0-1.2×; on one thread, the first click showed 0.97-1.18× (three starts)."""
+
+    def __init__(self, name: str = "assistgen-model"):
+        self._jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._serve, daemon=True, name=name).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._jobs.get()()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run `job` after the jobs before it (it must not raise: report through its own channel)."""
+        self._jobs.put(job)
+
+    def call(self, fn: Callable[..., T], *args) -> T:
+        """Run `fn(*args)` on this thread and wait for it: its result, or its exception raised here."""
+        outcome: queue.Queue = queue.Queue(maxsize=1)
+
+        def job() -> None:
+            try:
+                outcome.put((True, fn(*args)))
+            except BaseException as exc:  # raised again in the caller's thread
+                outcome.put((False, exc))
+        self.submit(job)
+        ok, value = outcome.get()
+        if not ok:
+            raise value
+        return value
+
+
+def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_interval_s: float,
+           model_thread: ModelThread | None = None) -> Iterator[Snapshot]:
+    """Run `work(emit)` on `model_thread` (a thread of its own when None) and yield snapshots as its events arrive:
+    steps are coalesced into one update per `update_interval_s` (rendering competes with the timed runs for the
+    CPU), every other event is yielded at once. An exception in the work is raised here, in the caller's thread."""
     events: queue.Queue = queue.Queue()
+    finished = threading.Event()
 
     def run() -> None:
         try:
             events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
         except BaseException as exc:  # reported to the caller; the server keeps serving
             events.put(("error", exc))
+        finally:
+            finished.set()
 
     state = Snapshot("loading", "waiting for the model worker")
     yield state
-    worker = threading.Thread(target=run, daemon=True, name="assistgen-compare")
-    worker.start()
+    if model_thread is None:
+        threading.Thread(target=run, daemon=True, name="assistgen-compare").start()
+    else:
+        model_thread.submit(run)
     while True:
         kind, payload = events.get()
         deadline = time.monotonic() + update_interval_s
@@ -85,10 +129,10 @@ def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_i
             yield state
             continue
         if kind == "error":
-            worker.join()
+            finished.wait()
             raise payload
         apply(state, kind, payload)
         yield state
         if kind == "done":
-            worker.join()
+            finished.wait()
             return

@@ -210,3 +210,27 @@ def test_the_queue_polls_for_work_twenty_times_a_second_not_a_thousand(tiny_cata
     asyncio.run(idle_for_half_a_second())
     assert polls and min(polls) >= app.QUEUE_POLL_S
     assert len(polls) <= 0.5 / app.QUEUE_POLL_S + 2   # Gradio's own default would poll about 500 times here
+
+
+def test_preload_and_every_comparison_run_on_one_model_thread(tiny_catalog_path, monkeypatch):
+    """A thread's first heavy passes pay for what the process sets up for that thread: the warm-up has to run on the
+    thread the timed runs use, or the first click's baseline pays what the assisted run then does not."""
+    import threading
+
+    import assistgen.app.service as service_module
+    from assistgen.comparison.compare import Settings
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    threads = []
+    real_warm_up, real_compare = service_module.warm_up, service_module.compare
+    monkeypatch.setattr(service_module, "warm_up",
+                        lambda *a, **k: (threads.append(threading.get_ident()), real_warm_up(*a, **k))[1])
+    monkeypatch.setattr(service_module, "compare",
+                        lambda *a, **k: (threads.append(threading.get_ident()), real_compare(*a, **k))[1])
+    assert service.preload(["tiny-text"]) == []
+    for text in ("hello there", "and again"):
+        service.run("chat", "tiny-text", text=text, settings=Settings(max_new_tokens=4))
+    assert len(threads) == 3 and len(set(threads)) == 1 and threads[0] != threading.get_ident()
+    with pytest.raises(ZeroDivisionError):   # the thread reports a job's failure to its caller, and serves on
+        service.model_thread.call(lambda: 1 / 0)
+    assert service.model_thread.call(lambda: threading.get_ident()) == threads[0]
