@@ -364,8 +364,10 @@ def speech_wav(path: Path, text: str = "Assisted generation makes large language
     return path
 
 
-def encode_audio(samples: np.ndarray, rate: int, path: Path, codec: str, container: str, *, video: bool = False) -> Path:
-    """`samples` (samples × channels, float32) encoded by FFmpeg, the way a phone or a browser writes them."""
+def encode_audio(samples: np.ndarray, rate: int, path: Path, codec: str, container: str, *, video: bool = False,
+                 video_seconds: float | None = None) -> Path:
+    """`samples` (samples × channels, float32) encoded by FFmpeg, the way a phone or a browser writes them; with
+    `video`, beside a picture as long as the sound (or `video_seconds`)."""
     layout = "mono" if samples.shape[1] == 1 else "stereo"
     import av
     with av.open(str(path), "w", format=container) as out:
@@ -376,7 +378,7 @@ def encode_audio(samples: np.ndarray, rate: int, path: Path, codec: str, contain
         if samples.size:
             sound = out.add_stream(codec, rate=48000 if codec == "libopus" else rate, layout=layout)
         if picture is not None:
-            for i in range(max(10, int(10 * len(samples) / rate))):
+            for i in range(max(10, int(10 * (video_seconds or len(samples) / rate)))):
                 frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i % 255, np.uint8), format="rgb24")
                 out.mux(picture.encode(frame))
             out.mux(picture.encode(None))

@@ -52,8 +52,10 @@ class Service:
                                                                        DEFAULT_MAX_INPUT_TOKENS))
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
-        self._lock = threading.Lock()  # model work runs one request at a time: timings must not mix
-        self.model_thread = ModelThread()   # and all of it on one thread, which the warm-up warms for every request
+        # model work runs one request at a time, so timings never mix, and all of it on one thread, which the warm-up
+        # warms for every request (the lock keeps the first true for a caller that works outside that thread)
+        self._lock = threading.Lock()
+        self.model_thread = ModelThread()
         self.update_interval_s = update_interval_s()
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
@@ -67,18 +68,27 @@ class ModelThread:
 
     def __init__(self, name: str = "assistgen-model"):
         self._jobs: queue.Queue = queue.Queue()
-        threading.Thread(target=self._serve, daemon=True, name=name).start()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=name)
+        self._thread.start()
 
     def _serve(self) -> None:
         while True:
-            self._jobs.get()()
+            job = self._jobs.get()
+            try:
+                job()
+            except BaseException:  # a job reports its own failures; one that could not must not stop the service
+                traceback.print_exc()
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Run `job` after the jobs before it (it must not raise: report through its own channel)."""
+        """Run `job` after the jobs before it. A job reports its own failures; one that raises is printed, and the
+        thread serves on."""
         self._jobs.put(job)
 
     def call(self, fn: Callable[..., T], *args) -> T:
-        """Run `fn(*args)` on this thread and wait for it: its result, or its exception raised here."""
+        """Run `fn(*args)` on this thread and wait for it: its result, or its exception raised here. Called from the
+        model thread itself (a job that calls again), it runs at once: queued behind the caller, it would wait forever."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
         outcome: queue.Queue = queue.Queue(maxsize=1)
 
         def job() -> None:

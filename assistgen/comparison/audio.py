@@ -28,7 +28,7 @@ def duration_text(seconds: float) -> str:
 FORMATS = "WAV, FLAC, MP3, OGG/Opus, M4A/AAC, WebM or MP4"
 # What FFmpeg may open an upload as: containers of recorded sound (and video), never a playlist or another format
 # that reads further files or URLs (HLS, concat), and only from the file itself
-FFMPEG_OPTIONS = {"protocol_whitelist": "file",
+FFMPEG_OPTIONS = {"protocol_whitelist": "file", "enable_drefs": "0",   # no MOV references to other files either
                   "format_whitelist": "mov,mp4,m4a,3gp,matroska,webm,aac,asf,amr,ogg,mp3,wav,w64,flac,caf,aiff,avi"}
 
 
@@ -90,44 +90,66 @@ def _decode(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
 
 
 def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
-    undecodable = InputError(f"{path.name!r} is not audio this app can decode; use {FORMATS}")
+    undecodable = InputError(f"{path.name!r} is damaged, or not audio this app can decode; use {FORMATS}")
     try:
         import av
     except ImportError:   # an install without PyAV: libsndfile's formats only
         raise undecodable from None
-    try:
-        container = av.open(str(path), options=FFMPEG_OPTIONS)
+    try:   # an absolute path: a name with a colon ("take:2.m4a") would read as a protocol
+        container = av.open(str(path.resolve()), options=FFMPEG_OPTIONS)
     except Exception:
         raise undecodable from None
     with container:
         if not container.streams.audio:
             raise InputError(f"{path.name!r} has no sound track; upload a recording with sound")
         stream = container.streams.audio[0]
-        rate, channels = stream.rate, stream.channels
-        if not rate or not channels:
+        rate = stream.rate
+        if not rate:
             raise undecodable
-        if container.duration:   # microseconds
-            duration = container.duration / 1e6
-        elif stream.duration and stream.time_base:
-            duration = float(stream.duration * stream.time_base)
-        else:
-            duration = None
+        duration = _stated_seconds(container, stream)
         _too_long(duration, max_seconds)
         limit = int((max_seconds + 1) * rate)
-        # packed float32 at the stream's own rate and channels: downmixed and resampled as libsndfile's output is
-        resampler = av.AudioResampler(format="flt", layout=stream.layout, rate=rate)
-        chunks, decoded = [], 0
+        chunks, decoded, resampler, shape = [], 0, None, None
+
+        def mono(frames) -> list[np.ndarray]:   # channels averaged, as libsndfile's samples are
+            return [out.to_ndarray().reshape(-1, len(out.layout.channels)).mean(axis=1) for out in frames]
         try:
             for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1, channels))
-                    decoded += len(chunks[-1])
+                # float32 at the first frame's rate; a stream whose layout or rate changes midway gets a resampler
+                # for its new frames
+                if (frame.format.name, frame.layout.name, frame.sample_rate) != shape:
+                    if resampler is not None:
+                        chunks += mono(resampler.resample(None))
+                    resampler = av.AudioResampler(format="flt", layout=frame.layout.name, rate=rate)
+                    shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+                new = mono(resampler.resample(frame))
+                chunks += new
+                decoded += sum(len(c) for c in new)
                 if decoded > limit:
                     break
+            if resampler is not None:
+                chunks += mono(resampler.resample(None))
+        except MemoryError:
+            raise
         except Exception:
             if not chunks:
                 raise undecodable from None
             raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
-    samples = np.concatenate(chunks)[:limit] if chunks else np.zeros((0, channels), np.float32)
+    samples = (np.concatenate(chunks)[:limit] if chunks else np.zeros(0, np.float32))[:, None]
     _check_complete(path, len(samples), min(int(duration * rate), limit) if duration else 0, rate)
     return samples, rate
+
+
+# Containers whose length FFmpeg guesses from the bitrate of the first packets (a raw AAC or AMR stream, an MP3
+# without an index): a quiet start made a 40 s clip read as 17 minutes. Their length is known only once decoded.
+_GUESSED_LENGTH = {"aac", "amr", "mp3"}
+
+
+def _stated_seconds(container, stream) -> float | None:
+    """The sound track's length as its container states it: the stream's own (a video may run longer than its sound),
+    else the container's; None where there is none, or only a guess."""
+    if set(container.format.name.split(",")) & _GUESSED_LENGTH:
+        return None
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1e6 if container.duration else None   # microseconds

@@ -289,9 +289,9 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
     (measured on the default pair: a second run of the same warm-up took as long as the first), so a longer
     warm-up bought nothing and cost the 1.5B 3.9 s per load."""
     assisted = pair.assistant is not None and pair.assistant_usable
-    if pair.probe is None:   # it holds an encoder output and a KV cache for good: the warm-up then runs around them
+    if pair.probe is None:
         pair.probe = SpeedProbe(pair.target.model, inputs)
-        pair.target.warm = False
+        pair.target.warm = False   # a target is shared between pairs: warmed by another pair, it warms up again here
     if pair.target.warm and (not assisted or pair.assistant.warm):
         return
     if not pair.target.model.config.is_encoder_decoder and "input_ids" in inputs:

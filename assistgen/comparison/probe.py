@@ -36,7 +36,8 @@ def lower_quartile(values: list[float]) -> float:
 class SpeedProbe:
     """Times a target pass of a fixed shape: `rows` copies of one fixed token fed after a fixed prompt.
 
-    Built once per loaded pair, from the first request's input (a decoder-only prompt cut to `prompt_tokens`, so a
+    Built once per loaded pair, by its warm-up and from the warm-up's input (a decoder-only prompt cut to
+    `prompt_tokens`, so a
     long prompt does not make the probe long; an encoder runs once, here), and kept: every later probe has the same
     shape. The benchmark's verify(k) curve keeps the whole prompt (`prompt_tokens=None`), for a realistic context.
     """

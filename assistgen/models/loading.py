@@ -51,7 +51,7 @@ class LoadedPair:
     mode: str                   # "same-tokenizer", "different-tokenizer" or "no-assistant"
     mode_reason: str
     warnings: list[str] = field(default_factory=list)
-    probe: Any = None           # the comparison's speed probe (assistgen.probe.SpeedProbe), built at first use
+    probe: Any = None           # the comparison's speed probe (comparison.probe.SpeedProbe), built by the warm-up
     # (draft source, temperature, top-p) -> the last adaptive schedule run so (an engine.schedules.AdaptiveSchedule),
     # whose costs and calibration start the next such run's (`comparison.compare.run_generation`)
     measured_schedules: dict[tuple, Any] = field(default_factory=dict)

@@ -93,7 +93,7 @@ def test_audio_errors_are_clear_and_the_server_keeps_serving(client, tmp_path):
     expect_error(client, "no audio", audio=None, **asr)
     fake = tmp_path / "notes.wav"
     fake.write_text("this is not audio at all")
-    expect_error(client, "is not audio this app can decode", audio=handle_file(str(fake)), **asr)
+    expect_error(client, "not audio this app can decode", audio=handle_file(str(fake)), **asr)
     good = speech_wav(tmp_path / "good.wav")
     truncated = tmp_path / "truncated.wav"
     truncated.write_bytes(good.read_bytes()[:40])
@@ -234,3 +234,5 @@ def test_preload_and_every_comparison_run_on_one_model_thread(tiny_catalog_path,
     with pytest.raises(ZeroDivisionError):   # the thread reports a job's failure to its caller, and serves on
         service.model_thread.call(lambda: 1 / 0)
     assert service.model_thread.call(lambda: threading.get_ident()) == threads[0]
+    service.model_thread.submit(lambda: 1 / 0)   # a job that raises does not stop the thread
+    assert service.model_thread.call(lambda: service.model_thread.call(lambda: "nested")) == "nested"   # no deadlock

@@ -94,8 +94,34 @@ def test_damaged_compressed_files_get_a_clear_error(speech, tmp_path):
 def test_a_playlist_that_points_at_other_files_is_refused_unread(speech, tmp_path):
     samples, _ = speech
     encode(samples, 16000, tmp_path / "clip.aac", "aac", "adts")
-    playlist = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nclip.aac\n#EXT-X-ENDLIST\n"
-    for name in ("list.m3u8", "list.m4a"):   # FFmpeg's HLS demuxer would read clip.aac (or a URL) through it
-        (tmp_path / name).write_text(playlist)
-        with pytest.raises(InputError, match="not audio this app can decode"):
-            load_audio(tmp_path / name)
+    seconds = len(samples) / 16000   # as stated, so that FFmpeg's HLS demuxer would play clip.aac through it whole
+    (tmp_path / "list.m3u8").write_text(f"#EXTM3U\n#EXT-X-TARGETDURATION:{int(seconds) + 1}\n#EXTINF:{seconds:.3f},\n"
+                                        "clip.aac\n#EXT-X-ENDLIST\n")
+    with pytest.raises(InputError, match="not audio this app can decode"):
+        load_audio(tmp_path / "list.m3u8")
+
+
+def test_a_raw_aac_stream_whose_start_is_quiet_is_not_taken_for_a_long_one(speech, tmp_path):
+    """FFmpeg guesses a raw AAC stream's length from its first packets' bitrate: a quiet start read as minutes."""
+    samples, _ = speech
+    quiet_then_speech = np.concatenate([np.full((16000 * 30, 1), 1e-4, np.float32), samples] * 1)
+    decoded = load_audio(encode(quiet_then_speech, 16000, tmp_path / "clip.aac", "aac", "adts"), max_seconds=60)
+    assert abs(len(decoded) / 16000 - len(quiet_then_speech) / 16000) < 0.15
+
+
+def test_a_video_longer_than_its_sound_is_judged_by_its_sound(speech, tmp_path):
+    samples, wav = speech
+    film = encode(samples, 16000, tmp_path / "film.mp4", "aac", "mp4", video=True, video_seconds=12)
+    decoded = load_audio(film, max_seconds=8)   # the picture's 12 s are past the limit, the sound's 3.6 s are not
+    assert similarity(load_audio(wav), decoded) > 0.9
+
+
+def test_a_stream_whose_layout_changes_midway_decodes_whole(speech, tmp_path, monkeypatch):
+    samples, _ = speech
+    first = encode(samples, 16000, tmp_path / "a.aac", "aac", "adts")
+    stereo = np.repeat(samples, 2, axis=1)
+    second = encode(stereo, 16000, tmp_path / "b.aac", "aac", "adts")
+    (tmp_path / "take:2.aac").write_bytes(first.read_bytes() + second.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    decoded = load_audio("take:2.aac")   # a colon in a relative name, as a phone may name a take, is no protocol
+    assert abs(len(decoded) - 2 * len(samples)) < 0.3 * 16000
