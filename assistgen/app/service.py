@@ -5,7 +5,6 @@ Gradio-free, so tests drive it directly; app.py only lays out components and tur
 from __future__ import annotations
 
 import os
-import threading
 from typing import Iterator
 
 import numpy as np
@@ -52,9 +51,8 @@ class Service:
                                                                        DEFAULT_MAX_INPUT_TOKENS))
         self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
         self.max_audio_seconds = max_audio_seconds()
-        # model work runs one request at a time, so timings never mix, and all of it on one thread, which the warm-up
-        # warms for every request (the lock keeps the first true for a caller that works outside that thread)
-        self._lock = threading.Lock()
+        # all model work runs on one thread: one request at a time, so timings never mix, on the thread the warm-up
+        # warmed for every request
         self.model_thread = ModelThread()
         self.update_interval_s = update_interval_s()
 
@@ -117,23 +115,22 @@ class Service:
 
         def work(emit) -> Comparison:
             try:
-                with self._lock:
-                    pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
-                    spoken = None
-                    if task == "asr":
-                        spoken = self.speech_language(pair, samples, language)
-                        emit("language", spoken)
-                        inputs = speech_windows(pair, samples, language=spoken["code"])
-                    else:
-                        inputs = text_inputs(pair, task, text, target_language=target_language,
-                                             max_input_tokens=self.max_input_tokens)
-                    emit("pair", pair)
-                    return compare(pair, task, inputs, settings,
-                                   on_baseline_step=lambda step: emit("baseline", step),
-                                   on_assisted_step=lambda step: emit("assisted", step),
-                                   on_phase=lambda name: emit("phase", name),
-                                   on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
-                                   language=spoken)
+                pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
+                spoken = None
+                if task == "asr":
+                    spoken = self.speech_language(pair, samples, language)
+                    emit("language", spoken)
+                    inputs = speech_windows(pair, samples, language=spoken["code"])
+                else:
+                    inputs = text_inputs(pair, task, text, target_language=target_language,
+                                         max_input_tokens=self.max_input_tokens)
+                emit("pair", pair)
+                return compare(pair, task, inputs, settings,
+                               on_baseline_step=lambda step: emit("baseline", step),
+                               on_assisted_step=lambda step: emit("assisted", step),
+                               on_phase=lambda name: emit("phase", name),
+                               on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
+                               language=spoken)
             except InputError as exc:
                 raise UserError(str(exc)) from None
             except LoadError as exc:
@@ -177,9 +174,8 @@ class Service:
         return failed
 
     def _load_and_warm_up(self, name: str) -> None:
-        with self._lock:
-            pair = self.pool.pair(name)
-            warm_up(pair, self._warm_up_inputs(pair))
+        pair = self.pool.pair(name)
+        warm_up(pair, self._warm_up_inputs(pair))
 
     def _warm_up_inputs(self, pair: LoadedPair) -> dict:
         if "asr" in pair.spec.tasks:

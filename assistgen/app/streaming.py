@@ -104,10 +104,10 @@ class ModelThread:
 
 
 def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_interval_s: float,
-           model_thread: ModelThread | None = None) -> Iterator[Snapshot]:
-    """Run `work(emit)` on `model_thread` (a thread of its own when None) and yield snapshots as its events arrive:
-    steps are coalesced into one update per `update_interval_s` (rendering competes with the timed runs for the
-    CPU), every other event is yielded at once. An exception in the work is raised here, in the caller's thread."""
+           model_thread: ModelThread) -> Iterator[Snapshot]:
+    """Run `work(emit)` on `model_thread` and yield snapshots as its events arrive: steps are coalesced into one
+    update per `update_interval_s` (rendering competes with the timed runs for the CPU), every other event is
+    yielded at once. An exception in the work is raised here, in the caller's thread."""
     events: queue.Queue = queue.Queue()
     finished = threading.Event()
 
@@ -121,10 +121,7 @@ def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_i
 
     state = Snapshot("loading", "waiting for the model worker")
     yield state
-    if model_thread is None:
-        threading.Thread(target=run, daemon=True, name="assistgen-compare").start()
-    else:
-        model_thread.submit(run)
+    model_thread.submit(run)
     while True:
         kind, payload = events.get()
         deadline = time.monotonic() + update_interval_s

@@ -37,9 +37,9 @@ class SpeedProbe:
     """Times a target pass of a fixed shape: `rows` copies of one fixed token fed after a fixed prompt.
 
     Built once per loaded pair, by its warm-up and from the warm-up's input (a decoder-only prompt cut to
-    `prompt_tokens`, so a
-    long prompt does not make the probe long; an encoder runs once, here), and kept: every later probe has the same
-    shape. The benchmark's verify(k) curve keeps the whole prompt (`prompt_tokens=None`), for a realistic context.
+    `prompt_tokens`, so a long prompt does not make the probe long; an encoder runs once, here), and kept: every
+    later probe has the same shape. The benchmark's verify(k) curve keeps the whole prompt (`prompt_tokens=None`),
+    for a realistic context.
     """
 
     def __init__(self, model, inputs: dict, *, prompt_tokens: int | None = PROMPT_TOKENS):
