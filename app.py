@@ -1,6 +1,7 @@
 """assistgen web app: baseline and assisted generation side by side. Layout and wiring only; the work is in assistgen/."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -13,7 +14,7 @@ from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE)
 from assistgen.app.frontend import EarlyScript  # noqa: E402
-from assistgen.app.render import CLEARED, CSS, LEGEND, LiveView  # noqa: E402
+from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
@@ -85,9 +86,11 @@ def _handlers(service: Service):
                                             schedule=schedule)
                 kwargs = ({"audio": content, "language": language} if task == "asr" else
                           {"text": content, "target_language": language or "French"})
-                for snap in service.stream(task, pair, settings=settings, **kwargs):
-                    out = view.outputs(snap)
-                    yield [out.get(k, gr.skip()) for k in STREAM_KEYS]
+                # closed by Gradio when Stop is pressed or the page goes away: the service then stops the run
+                with contextlib.closing(service.stream(task, pair, settings=settings, **kwargs)) as snapshots:
+                    for snap in snapshots:
+                        out = view.outputs(snap)
+                        yield [out.get(k, gr.skip()) for k in STREAM_KEYS]
             except Exception as exc:
                 raise _as_gradio_error(exc) from None
         return handler
@@ -155,8 +158,9 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
         button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
         rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
                           elem_id=f"rerun-{task}")
+        stop = gr.Button("Stop", variant="stop", visible=False, elem_id=f"stop-{task}")
     gr.Examples(EXAMPLES[task], inputs=[content, language] if task == "translation" else [content])
-    return (button, rerun), [pair, content, language], (pair, pair_info)
+    return (button, rerun, stop), [pair, content, language], (pair, pair_info)
 
 
 def _results_section() -> dict:
@@ -226,22 +230,31 @@ def build_demo(service: Service) -> gr.Blocks:
                            api_visibility="private", queue=False)
         shown = _results_section()
         stream_outputs = [shown[k] for k in STREAM_KEYS]
-        for task, (button, rerun), inputs in runs:
+        for task, (button, rerun, stop), inputs in runs:
             result_outputs = [shown[k] for k in RESULT_KEYS] + [rerun]
+            run_events = []
             for trigger in (button, rerun):
-                # clear the last result at once, run (streaming), then draw this one's figures
-                trigger.click(lambda: _result_list(CLEARED), outputs=result_outputs, queue=False,
-                              api_visibility="private", show_progress="hidden"
-                              ).then(make_handler(task), inputs=inputs + settings_inputs, outputs=stream_outputs,
-                                     concurrency_id="model", concurrency_limit=1, api_visibility="private",
-                                     # the status line says what runs (and a load's progress): Gradio's own
-                                     # progress overlay animated in the browser at about a fifth of a core during
-                                     # the timed runs (measured on two cores), which the page's baseline paid and
-                                     # the CLI's did not
-                                     show_progress="hidden"
-                                     ).success(lambda result: _result_list(result and result_outputs_of(result)),
-                                               inputs=shown["result"], outputs=result_outputs, queue=False,
-                                               api_visibility="private", show_progress="hidden")
+                # clear the last result and offer Stop at once, run (streaming), then draw this one's figures
+                running = trigger.click(lambda: _result_list(CLEARED) + [gr.Button(visible=True)],
+                                        outputs=result_outputs + [stop], queue=False, api_visibility="private",
+                                        show_progress="hidden"
+                                        ).then(make_handler(task), inputs=inputs + settings_inputs,
+                                               outputs=stream_outputs, concurrency_id="model", concurrency_limit=1,
+                                               api_visibility="private",
+                                               # the status line says what runs (and a load's progress): Gradio's
+                                               # own progress overlay animated in the browser at about a fifth of a
+                                               # core during the timed runs (measured on two cores), which the
+                                               # page's baseline paid and the CLI's did not
+                                               show_progress="hidden")
+                running.then(lambda: gr.Button(visible=False), outputs=stop, queue=False, api_visibility="private",
+                             show_progress="hidden")
+                running.success(lambda result: _result_list(result and result_outputs_of(result)),
+                                inputs=shown["result"], outputs=result_outputs, queue=False,
+                                api_visibility="private", show_progress="hidden")
+                run_events.append(running)
+            # Gradio closes the run's stream, and the service stops the run at its next step (`streaming.Stopped`)
+            stop.click(lambda: (STOPPED, gr.Button(visible=False)), outputs=[shown["status"], stop],
+                       cancels=run_events, queue=False, api_visibility="private", show_progress="hidden")
         _api_endpoint(api_compare)
     return demo
 

@@ -209,6 +209,9 @@ def result_outputs(result: dict) -> dict:
             "unreliable": not (result["stability"] or {}).get("stable", True)}
 
 
+STOPPED = ("**stopped**: the comparison was cut short, so there are no figures to compare; what each column had "
+           "written stays. Press *Run* to start again.")
+
 CLEARED = {"baseline_figures": "", "assisted_figures": "", "summary": "", "plot": None, "raw": None,
            "unreliable": False}   # the previous run's result, as a new run starts
 

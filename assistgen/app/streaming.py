@@ -103,43 +103,78 @@ class ModelThread:
         return value
 
 
+class Stopped(Exception):
+    """Raised inside a comparison's work at its next step, phase or window once nobody streams it any more: the
+    page's Stop button, a page closed or reloaded, a client gone. The model thread is then free for the next
+    request instead of finishing a run that no one will see (up to its time limit: minutes for a long recording)."""
+
+
+# Events at which a stopped comparison stops: never inside a load ("loading" reports its progress), which is left
+# to finish, whole, for whoever asks for that pair next
+STOP_POINTS = frozenset({"pair", "language", "phase", "window", "baseline", "assisted"})
+
+# With no event for this long (queued behind another request, a model loading, an encoder pass), the snapshot is
+# yielded again, unchanged: a stream can only be closed while it waits at a yield (Gradio retries until then)
+IDLE_S = 1.0
+
+
 def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_interval_s: float,
-           model_thread: ModelThread) -> Iterator[Snapshot]:
+           model_thread: ModelThread, idle_s: float = IDLE_S) -> Iterator[Snapshot]:
     """Run `work(emit)` on `model_thread` and yield snapshots as its events arrive: steps are coalesced into one
     update per `update_interval_s` (rendering competes with the timed runs for the CPU), every other event is
-    yielded at once. An exception in the work is raised here, in the caller's thread."""
+    yielded at once, and the snapshot again, unchanged, after `idle_s` without any. An exception in the work is
+    raised here, in the caller's thread.
+
+    Closing this generator before the work is done (Gradio closes it when the page's Stop is pressed or the page
+    goes away) stops the work: its next `emit` at one of the `STOP_POINTS` raises `Stopped`, and a work still
+    queued behind another never starts."""
     events: queue.Queue = queue.Queue()
     finished = threading.Event()
+    stopped = threading.Event()
+
+    def emit(kind: str, payload) -> None:
+        if stopped.is_set() and kind in STOP_POINTS:
+            raise Stopped()
+        events.put((kind, payload))
 
     def run() -> None:
         try:
-            events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
+            if not stopped.is_set():
+                events.put(("done", work(emit)))
         except BaseException as exc:  # reported to the caller; the server keeps serving
             events.put(("error", exc))
         finally:
             finished.set()
 
-    state = Snapshot("loading", "waiting for the model worker")
-    yield state
-    model_thread.submit(run)
-    while True:
-        kind, payload = events.get()
-        deadline = time.monotonic() + update_interval_s
-        while kind in ("baseline", "assisted"):
-            apply(state, kind, payload)
-            try:
-                kind, payload = events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                kind = None
-                break
-        if kind is None:
-            yield state
-            continue
-        if kind == "error":
-            finished.wait()
-            raise payload
-        apply(state, kind, payload)
+    try:
+        state = Snapshot("loading", "waiting for the model worker")
         yield state
-        if kind == "done":
-            finished.wait()
-            return
+        model_thread.submit(run)
+        while True:
+            try:
+                kind, payload = events.get(timeout=idle_s)
+            except queue.Empty:
+                yield state
+                continue
+            deadline = time.monotonic() + update_interval_s
+            while kind in ("baseline", "assisted"):
+                apply(state, kind, payload)
+                try:
+                    kind, payload = events.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    kind = None
+                    break
+            if kind is None:
+                yield state
+                continue
+            if kind == "error":
+                finished.wait()
+                raise payload
+            apply(state, kind, payload)
+            yield state
+            if kind == "done":
+                finished.wait()
+                return
+    finally:
+        if not finished.is_set():   # closed early: nobody will read what the work does next
+            stopped.set()

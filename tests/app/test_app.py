@@ -236,3 +236,42 @@ def test_preload_and_every_comparison_run_on_one_model_thread(tiny_catalog_path,
     assert service.model_thread.call(lambda: threading.get_ident()) == threads[0]
     service.model_thread.submit(lambda: 1 / 0)   # a job that raises does not stop the thread
     assert service.model_thread.call(lambda: service.model_thread.call(lambda: "nested")) == "nested"   # no deadlock
+
+
+def test_a_closed_stream_stops_its_work_at_the_next_step_and_a_queued_one_never_starts():
+    """Gradio closes a run's stream when the page's Stop is pressed, or the page or client goes away: the work stops
+    at its next step instead of running on, up to its time limit, while the next request waits behind it."""
+    import threading
+
+    from assistgen.app.streaming import ModelThread, Stopped, stream
+    thread = ModelThread("test-model")
+    steps, outcome, release = [], [], threading.Event()
+
+    def work(emit):
+        emit("loading", (0.5, "half"))
+        release.wait()
+        try:
+            for i in range(1000):
+                steps.append(i)
+                emit("baseline", i)
+        except Stopped:
+            outcome.append("stopped")
+            raise
+        outcome.append("ran to the end")
+
+    snapshots = stream(work, 0.0, thread, idle_s=0.01)
+    assert next(snapshots).phase == "loading"          # before the work is queued
+    assert next(snapshots).message == "half"           # the work runs, and waits
+    snapshots.close()
+    release.set()
+    thread.call(lambda: None)                           # the work has ended
+    assert outcome == ["stopped"] and len(steps) == 1   # it stopped at its first step after the close
+
+    blocker = threading.Event()
+    thread.submit(blocker.wait)                         # a request in progress, and one queued behind it ...
+    queued = stream(lambda emit: outcome.append("queued work ran"), 0.0, thread, idle_s=0.01)
+    assert [next(queued).phase, next(queued).phase] == ["loading", "loading"]   # waiting, and closable meanwhile
+    queued.close()                                      # ... whose client leaves
+    blocker.set()
+    thread.call(lambda: None)
+    assert outcome == ["stopped"]                       # the queued work never started

@@ -78,3 +78,55 @@ def test_an_open_page_asks_for_no_frames_for_status_timers(browser, tiny_app):
     page.wait_for_timeout(1000)
     assert page.evaluate("window.__frames") > frames   # the count works: Gradio's other animations still run
     assert page.evaluate("window.__timers") == timers == 0
+
+
+def _slow_and_endless(model, eos, calls: list):
+    """`model.forward`, counted, 20 ms slower, and never predicting EOS: a run that would go on for a long time."""
+    import time
+    forward = model.forward
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        out = forward(*args, **kwargs)
+        out.logits[..., list(eos)] = -float("inf")
+        time.sleep(0.02)
+        return out
+    return patched
+
+
+@pytest.mark.parametrize("leave", ["stop", "close the page"])
+def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(browser, tiny_app, monkeypatch,
+                                                                                 leave):
+    url, service = tiny_app
+    pair = service.pool.pair("tiny-text")
+    calls = []
+    monkeypatch.setattr(pair.target.model, "forward", _slow_and_endless(pair.target.model,
+                                                                         pair.target.eos_token_ids, calls))
+    settings = service.settings
+    monkeypatch.setattr(service, "settings", lambda name, **kw: settings(name, **{**kw, "max_new_tokens": 1024}))
+    page = browser.new_page()
+    page.goto(url)
+    page.locator("#input-chat textarea").fill("tell me a long story")
+    page.locator("#run-chat").click()
+    page.wait_for_function("document.querySelector('#status').innerText.includes('baseline running') && "
+                           "document.querySelector('#baseline-output').innerText.trim().length > 0", timeout=60_000)
+    if leave == "stop":
+        page.locator("#stop-chat").click()
+        page.get_by_text("stopped").first.wait_for(timeout=10_000)
+        assert not page.locator("#stop-chat").is_visible()
+        assert page.locator("#input-chat textarea").input_value() == "tell me a long story"
+        assert page.locator("#baseline-output").inner_text().strip()   # what it had written stays
+    else:
+        page.close()
+    service.model_thread.call(lambda: None)   # waits for the run, however it ends
+    # the baseline alone would take a target pass per token up to the model's length; the run stopped long before
+    budget = pair.target.model.config.max_position_embeddings
+    assert 0 < len(calls) < budget // 2, len(calls)
+    monkeypatch.undo()
+    page = page if leave == "stop" else browser.new_page()
+    if leave != "stop":
+        page.goto(url)
+        page.locator("#input-chat textarea").fill("def fibonacci(n):")
+    page.locator("#run-chat").click()
+    page.wait_for_function("document.querySelector('#summary') && "
+                           "document.querySelector('#summary').innerText.includes('speedup')", timeout=60_000)
