@@ -234,10 +234,13 @@ def build_demo(service: Service) -> gr.Blocks:
             result_outputs = [shown[k] for k in RESULT_KEYS] + [rerun]
             run_events = []
             for trigger in (button, rerun):
-                # clear the last result and offer Stop at once, run (streaming), then draw this one's figures
-                running = trigger.click(lambda: _result_list(CLEARED) + [gr.Button(visible=True)],
-                                        outputs=result_outputs + [stop], queue=False, api_visibility="private",
-                                        show_progress="hidden"
+                # clear the last result and offer Stop at once, run (streaming), then draw this one's figures. Run
+                # is off until the run is over: pressed while Gradio still winds a stopped run down, its new run
+                # would be dropped
+                running = trigger.click(lambda: _result_list(CLEARED) + [gr.Button(visible=True),
+                                                                         gr.Button(interactive=False)],
+                                        outputs=result_outputs + [stop, button], queue=False,
+                                        api_visibility="private", show_progress="hidden"
                                         ).then(make_handler(task), inputs=inputs + settings_inputs,
                                                outputs=stream_outputs, concurrency_id="model", concurrency_limit=1,
                                                api_visibility="private",
@@ -246,8 +249,8 @@ def build_demo(service: Service) -> gr.Blocks:
                                                # core during the timed runs (measured on two cores), which the
                                                # page's baseline paid and the CLI's did not
                                                show_progress="hidden")
-                running.then(lambda: gr.Button(visible=False), outputs=stop, queue=False, api_visibility="private",
-                             show_progress="hidden")
+                running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, button],
+                             queue=False, api_visibility="private", show_progress="hidden")
                 running.success(lambda result: _result_list(result and result_outputs_of(result)),
                                 inputs=shown["result"], outputs=result_outputs, queue=False,
                                 api_visibility="private", show_progress="hidden")

@@ -225,6 +225,7 @@ class LiveView:
         self._base = self._assisted = None
         self._steps_seen = 0
         self._status = None
+        self._cleared = self._started = False   # the panels cleared, the baseline's "…" shown: once each
 
     def _detokenizers(self, pair):
         from ..comparison.tasks import Detokenizer
@@ -241,12 +242,18 @@ class LiveView:
             status = "**runs finished**: drawing the figures"
         if status != self._status:
             out["status"] = self._status = status
+        # Only what changed is sent: a snapshot comes again unchanged after a second without events (so that the
+        # run can be stopped), and anything sent makes work for the server and the browser during the timed runs.
         if snap.pair is None:  # a new run: clear the previous one's panels
-            return {**out, "baseline_html": "", "assisted_html": ""}
+            if not self._cleared:
+                self._cleared = True
+                out.update(baseline_html="", assisted_html="")
+            return out
         base, assisted = self._detokenizers(snap.pair)
         # While a timed run goes on, each panel streams as plain text (one text node for the browser to lay out,
         # on the same cores as the run when it is local); the coloured, per-token view comes with the result.
-        if len(snap.baseline_tokens) > len(base.tokens) or not base.tokens:
+        if len(snap.baseline_tokens) > len(base.tokens) or not self._started:
+            self._started = True
             base.feed(snap.baseline_tokens[len(base.tokens):])
             out["baseline_html"] = plain_html(base.pieces)
         if len(snap.assisted_steps) > self._steps_seen:

@@ -270,7 +270,11 @@ def test_a_closed_stream_stops_its_work_at_the_next_step_and_a_queued_one_never_
     blocker = threading.Event()
     thread.submit(blocker.wait)                         # a request in progress, and one queued behind it ...
     queued = stream(lambda emit: outcome.append("queued work ran"), 0.0, thread, idle_s=0.01)
-    assert [next(queued).phase, next(queued).phase] == ["loading", "loading"]   # waiting, and closable meanwhile
+    waiting = []
+    reader = threading.Thread(target=lambda: waiting.extend([next(queued).phase, next(queued).phase]), daemon=True)
+    reader.start()
+    reader.join(timeout=30)   # not a timing: without the stream's idle yields, the second next() waits forever
+    assert waiting == ["loading", "loading"]            # waiting, and closable meanwhile
     queued.close()                                      # ... whose client leaves
     blocker.set()
     thread.call(lambda: None)

@@ -32,6 +32,26 @@ def test_a_loads_progress_is_in_the_status_line():
     assert status == "**loading**: qwen2.5-coder-1.5b-instruct: packing (42%)"
 
 
+def test_a_snapshot_that_comes_again_unchanged_sends_nothing(tiny_catalog_path):
+    """The stream yields its snapshot again after a second without events (so that a run can be stopped); during the
+    timed runs anything sent makes work for the server and the browser, so an unchanged snapshot sends nothing."""
+    from assistgen.app.render import LiveView
+    from assistgen.app.streaming import Snapshot
+    from assistgen.models.catalog import load_catalog
+    from assistgen.models.pool import ModelPool
+    pair = ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-text")
+    view = LiveView()
+    waiting = Snapshot("loading", "waiting for the model worker")
+    assert set(view.outputs(waiting)) == {"status", "baseline_html", "assisted_html"}   # a new run clears both, once
+    assert view.outputs(waiting) == {}
+    probing = Snapshot("probe", "timing a fixed target pass", pair=pair)
+    assert set(view.outputs(probing)) == {"status", "baseline_html"}   # the baseline's panel shows "…", once
+    assert view.outputs(probing) == {}
+    probing.baseline_tokens.extend([5, 6])
+    assert set(view.outputs(probing)) == {"baseline_html"}
+    assert view.outputs(probing) == {}
+
+
 def test_the_panels_update_less_often_when_no_core_is_spare_for_it(monkeypatch):
     """Each streamed update costs CPU outside the runs' own work: with every core running torch's threads, the panels
     update every two seconds; with a core to spare, every second; the environment variable overrides both."""
