@@ -210,7 +210,7 @@ def result_outputs(result: dict) -> dict:
 
 
 STOPPED = ("**stopped**: the comparison was cut short, so there are no figures to compare; what each column had "
-           "written stays. Press *Run* to start again.")
+           "written stays. *Run* is back within seconds, once the stopped run has let go of the models.")
 
 CLEARED = {"baseline_figures": "", "assisted_figures": "", "summary": "", "plot": None, "raw": None,
            "unreliable": False}   # the previous run's result, as a new run starts
