@@ -388,3 +388,19 @@ def encode_audio(samples: np.ndarray, rate: int, path: Path, codec: str, contain
             out.mux(sound.encode(frame))
             out.mux(sound.encode(None))
     return path
+
+
+def runaway(model, eos, delay_s: float, calls: list | None = None):
+    """`model.forward`, but it never predicts EOS and takes `delay_s` longer (each call counted in `calls`): a
+    generation that would run away."""
+    import time
+    forward = model.forward
+
+    def patched(*args, **kwargs):
+        if calls is not None:
+            calls.append(1)
+        out = forward(*args, **kwargs)
+        out.logits[..., list(eos)] = -float("inf")
+        time.sleep(delay_s)
+        return out
+    return patched

@@ -16,7 +16,7 @@ from ..comparison.compare import Comparison, Settings, compare, warm_up
 from ..models.loading import LoadError, LoadedPair, default_device, pair_availability
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit
-from .streaming import IDLE_S, ModelThread, Snapshot, stream
+from .streaming import ModelThread, Snapshot, stream
 from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
 from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
@@ -138,8 +138,7 @@ class Service:
             except MemoryError:
                 raise UserError("the server ran out of memory; try a shorter input or fewer max_new_tokens") from None
 
-        yield from stream(work, self.update_interval_s, self.model_thread,
-                          idle_s=max(IDLE_S, self.update_interval_s))
+        yield from stream(work, self.update_interval_s, self.model_thread)
 
     @staticmethod
     def speech_language(pair: LoadedPair, samples, language: str | None) -> dict:

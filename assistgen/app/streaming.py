@@ -122,8 +122,8 @@ def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_i
            model_thread: ModelThread, idle_s: float = IDLE_S) -> Iterator[Snapshot]:
     """Run `work(emit)` on `model_thread` and yield snapshots as its events arrive: steps are coalesced into one
     update per `update_interval_s` (rendering competes with the timed runs for the CPU), every other event is
-    yielded at once, and the snapshot again, unchanged, after `idle_s` without any. An exception in the work is
-    raised here, in the caller's thread.
+    yielded at once, and the snapshot again, unchanged, after `idle_s` (at least `update_interval_s`) without any.
+    An exception in the work is raised here, in the caller's thread.
 
     Closing this generator before the work is done (Gradio closes it when the page's Stop is pressed or the page
     goes away) stops the work: its next `emit` at one of the `STOP_POINTS` raises `Stopped`, and a work still
@@ -131,6 +131,7 @@ def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_i
     events: queue.Queue = queue.Queue()
     finished = threading.Event()
     stopped = threading.Event()
+    idle_s = max(idle_s, update_interval_s)
 
     def emit(kind: str, payload) -> None:
         if stopped.is_set() and kind in STOP_POINTS:

@@ -80,12 +80,12 @@ def _decode(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
     except Exception:
         return _decode_with_ffmpeg(path, max_seconds)
     _too_long(info.frames / info.samplerate if info.samplerate and info.frames > 0 else None, max_seconds)
+    limit = int((max_seconds + 1) * info.samplerate)
     try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=int((max_seconds + 1) * info.samplerate))
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=limit)
     except Exception:
         raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
-    _check_complete(path, len(samples), min(info.frames, int((max_seconds + 1) * info.samplerate))
-                    if info.frames > 0 else 0, rate)
+    _check_complete(path, len(samples), min(info.frames, limit) if info.frames > 0 else 0, rate)
     return samples, rate
 
 

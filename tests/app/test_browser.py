@@ -3,6 +3,8 @@ import shutil
 
 import pytest
 
+from helpers import runaway
+
 pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -80,28 +82,14 @@ def test_an_open_page_asks_for_no_frames_for_status_timers(browser, tiny_app):
     assert page.evaluate("window.__timers") == timers == 0
 
 
-def _slow_and_endless(model, eos, calls: list):
-    """`model.forward`, counted, 20 ms slower, and never predicting EOS: a run that would go on for a long time."""
-    import time
-    forward = model.forward
-
-    def patched(*args, **kwargs):
-        calls.append(1)
-        out = forward(*args, **kwargs)
-        out.logits[..., list(eos)] = -float("inf")
-        time.sleep(0.02)
-        return out
-    return patched
-
-
 @pytest.mark.parametrize("leave", ["stop", "close the page"])
 def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(browser, tiny_app, monkeypatch,
                                                                                  leave):
     url, service = tiny_app
     pair = service.pool.pair("tiny-text")
     calls = []
-    monkeypatch.setattr(pair.target.model, "forward", _slow_and_endless(pair.target.model,
-                                                                         pair.target.eos_token_ids, calls))
+    monkeypatch.setattr(pair.target.model, "forward",
+                        runaway(pair.target.model, pair.target.eos_token_ids, 0.02, calls))
     settings = service.settings
     monkeypatch.setattr(service, "settings", lambda name, **kw: settings(name, **{**kw, "max_new_tokens": 1024}))
     page = browser.new_page()

@@ -28,7 +28,7 @@ from assistgen.models.loading import LoadError, load_model
 from assistgen.models.pool import ModelPool
 from assistgen.app.service import Service
 from assistgen.comparison.tasks import InputError
-from helpers import ROOT, encode_audio, free_port, speech_wav
+from helpers import ROOT, encode_audio, free_port, runaway, speech_wav
 
 ASR = {"task": "asr", "pair": "tiny-speech", "text": None}
 
@@ -266,23 +266,11 @@ def test_memory_error_while_loading_says_what_to_do_and_the_next_request_succeed
         still_serves(client)  # not remembered as a broken pair: it loads once memory is there
 
 
-def _runaway(model, eos: tuple[int, ...], delay_s: float):
-    """`model.forward`, but it never predicts EOS and takes `delay_s` longer: a generation that would run away."""
-    forward = model.forward
-
-    def patched(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        out.logits[..., list(eos)] = -float("inf")
-        time.sleep(delay_s)
-        return out
-    return patched
-
-
 def test_a_runaway_generation_stops_at_the_time_limit_with_its_partial_output_and_a_warning(served, monkeypatch):
     _, service, client = served
     pair = service.pool.pair("tiny-text")
     assert pair.target.eos_token_ids
-    monkeypatch.setattr(pair.target.model, "forward", _runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
+    monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
     monkeypatch.setattr(service, "max_time_s", 0.4)
     result = compare(client, max_new_tokens=1024)
     for run in ("baseline", "assisted"):  # the time limit, not the token budget, ended both runs
