@@ -158,22 +158,34 @@ def run_once(pair, task: str, inputs, settings: Settings, config: Config) -> dic
         runs = [_peer(pair, window, settings, config.schedule) for window in
                 ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
         return {"tokens": [t for tokens, _ in runs for t in tokens], "latency_s": sum(s for _, s in runs),
-                "result": None}
+                "result": None, "window_tokens": [tokens for tokens, _ in runs]}
     source = config.draft_source and effective_draft_source(pair, task, inputs, config.draft_source)[0]
     result = run_generation(pair, inputs, settings, draft_source=source)
-    return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result}
+    return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result,
+            "window_tokens": window_tokens(result)}
 
 
-def _without_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+def window_tokens(result: GenerationResult) -> list[list[int]]:
+    """A run's tokens, window by window (a single input is one window)."""
+    if not result.windows:
+        return [result.new_tokens]
+    counts = [w["new_tokens"] for w in result.windows]
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [result.new_tokens[start:start + n] for start, n in zip(starts, counts)]
+
+
+def same_output(a: list[list[int]], b: list[list[int]], eos: set[int]) -> bool:
+    """Whether two runs gave the same tokens, window by window, each window without its final end-of-text token
+    (transformers' Whisper leaves it out of what it returns, once per window of a long recording)."""
+    def strip(tokens: list[int]) -> list[int]:
+        return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+    return [strip(w) for w in a] == [strip(w) for w in b]
 
 
 def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run: dict, baseline: dict,
          reference: dict | None) -> dict:
     result: GenerationResult | None = run["result"]
-    # transformers' Whisper leaves the final end-of-text token out of what it returns: compare without it
-    eos = set(pair.target.eos_token_ids)
-    identical = _without_eos(run["tokens"], eos) == _without_eos(baseline["tokens"], eos)
+    identical = same_output(run["window_tokens"], baseline["window_tokens"], set(pair.target.eos_token_ids))
     row = {"pair": pair.spec.name, "suite": item.suite, "task": item.task, "item": item.name, "repeat": repeat,
            "temperature": temperature, "config": config.label, "engine": config.engine,
            "draft_source": config.draft_source, "schedule": config.schedule, "latency_s": round(run["latency_s"], 4),

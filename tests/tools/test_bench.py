@@ -133,3 +133,17 @@ def test_the_floor_of_an_encoder_decoder_model_leaves_its_encoder_out():
     use_onednn_linears(model)  # as loading does on CPU: the encoder's linear weights leave parameters() too
     result = floor(SimpleNamespace(target=SimpleNamespace(model=model, num_bytes=nbytes)), bandwidth_gb_s=10.0)
     assert result["bytes_per_token"] == nbytes - encoder   # Whisper's output layer shares the embedding table
+
+
+def test_a_peer_that_leaves_each_windows_end_of_text_out_gave_the_same_output():
+    from assistgen.engine.decoding import GenerationResult, joined
+    from assistgen.tools.bench import same_output, window_tokens
+    eos = 9
+    ours = window_tokens(joined([GenerationResult([5, 6, eos], [], 1, 0, 0.1),
+                                 GenerationResult([7, eos], [], 1, 0, 0.1)]))
+    assert ours == [[5, 6, eos], [7, eos]]
+    assert same_output([[5, 6], [7]], ours, {eos})   # transformers' Whisper returns each window without its EOS
+    assert not same_output([[5, 6], [8]], ours, {eos})
+    assert not same_output([[5], [6, 7]], ours, {eos})   # the same tokens, split elsewhere
+    assert not same_output([[5, 6, 7]], ours, {eos})
+    assert window_tokens(GenerationResult([1, 2, eos], [], 1, 0, 0.1)) == [[1, 2, eos]]
