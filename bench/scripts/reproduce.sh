@@ -34,6 +34,7 @@ $PY -m bench.scripts.speech_levers --repeats 3
 $PY -m bench.scripts.speech_profile --repeats 3 bench/inputs/speech-real/librivox-sense-0870.flac \
     bench/inputs/speech-real/jfk-ask-not.flac bench/inputs/speech-long/two-cities.flac
 ASSISTGEN_ONEDNN=0 $PY -m bench.scripts.truncated_decoder
+$PY -m bench.scripts.lean_text_step; $PY -m bench.scripts.lean_text_step --model qwen2.5-coder-1.5b-instruct
 $PY -m bench.scripts.compiled_steps   # torch.compile against the eager passes (text layers, the speech draft pass)
 $PY -m bench.scripts.longform_accuracy
 # First contact: a pair's load, and the page against the CLI
