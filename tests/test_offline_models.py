@@ -5,7 +5,7 @@ import pytest
 
 from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
-from assistgen.models.loading import pair_availability
+from assistgen.models.availability import pair_availability
 from assistgen.comparison.speech import asr_inputs
 from assistgen.comparison.tasks import text_inputs
 from helpers import free_port, speech_wav

@@ -13,7 +13,9 @@ from ..comparison.audio import load_audio, max_audio_seconds
 from ..models.catalog import Catalog
 from ..choices import DRAFT_SOURCES, TASKS
 from ..comparison.compare import Comparison, Settings, compare, warm_up
-from ..models.loading import LoadError, LoadedPair, default_device, pair_availability
+from ..models.availability import pair_availability
+from ..models.devices import default_device
+from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit
 from .streaming import ModelThread, Snapshot, stream

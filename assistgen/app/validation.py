@@ -7,7 +7,7 @@ import math
 from ..models.catalog import Catalog, PairSpec
 from ..choices import TASK_LABELS, TASKS
 from ..comparison.compare import Settings
-from ..models.loading import pair_availability
+from ..models.availability import pair_availability
 
 
 class UserError(Exception):

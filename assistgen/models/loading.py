@@ -1,22 +1,22 @@
-"""Turning catalog specs into loaded models: offline packs, the hub, local folders; availability and pair checks."""
+"""Turning catalog specs into loaded models (offline packs through the cache of conversions, the hub, local
+folders), what a loaded model weighs, and how a pair runs."""
 from __future__ import annotations
 
-import functools
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from .availability import note_failure
 from .catalog import Catalog, ModelSpec, PairSpec
-from .packs import PackError, assemble, cache_dir, file_lock, package_dir
+from .conversion import Progress, dynamic_int8_model, packed_stored, packs_onednn, weights_folder
+from .devices import default_device, torch_dtype
+from .packs import PackError, cache_dir
 
-Progress = Callable[[float, str], None]
 SIZE_RATIO_WARNING = 10.0
-CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
 
 
 class LoadError(RuntimeError):
@@ -65,79 +65,6 @@ class LoadedPair:
     @property
     def assistant_usable(self) -> bool:
         return self.mode in ("same-tokenizer", "different-tokenizer")
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def torch_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-# --- availability -------------------------------------------------------------------------------------------------
-
-_failures: dict[str, str] = {}  # model name -> why its last load failed (missing or damaged weights)
-
-
-def note_failure(name: str, reason: str) -> None:
-    """Remember why a model failed to load, so that its pairs are shown as unavailable with that reason."""
-    _failures[name] = reason
-
-
-@functools.lru_cache(maxsize=1)
-def hub_reachable() -> tuple[bool, str]:
-    """Whether the Hugging Face hub can be reached (asked once per process, with a short timeout)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False, "the hub is switched off here (HF_HUB_OFFLINE=1)"
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-    host = urlparse(constants.ENDPOINT).hostname
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-        return True, "the hub is reachable"
-    except OSError as exc:
-        return False, f"the hub cannot be reached ({exc.__class__.__name__})"
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-def availability(spec: ModelSpec, catalog: Catalog) -> tuple[bool, str]:
-    """(available, reason) for one model, without loading it."""
-    if spec.name in _failures:
-        return False, _failures[spec.name]
-    if spec.source == "pack":
-        for file in catalog.packs[spec.location].files:
-            for part in file.parts:
-                try:
-                    package_dir(part.package)
-                except PackError as exc:
-                    return False, str(exc)
-        return True, "offline pack (installed packages, sha256-verified)"
-    if spec.source == "hub":
-        if _in_hub_cache(spec.location):
-            return True, f"{spec.location} is in the local hub cache"
-        ok, why = hub_reachable()
-        return (True, f"{spec.location} from the hub") if ok else (False, f"{spec.location}: {why}, and it is not in "
-                                                                          "the local cache")
-    path = Path(spec.location).expanduser()
-    return (path.exists(), f"{path}" if path.exists() else f"{path} does not exist")
-
-
-def pair_availability(pair: PairSpec, catalog: Catalog) -> tuple[bool, str]:
-    for spec in (pair.target, pair.assistant):
-        if spec is not None:
-            ok, why = availability(spec, catalog)
-            if not ok:
-                return False, why
-    return True, "available"
 
 
 # --- loading --------------------------------------------------------------------------------------------------------
@@ -226,149 +153,6 @@ def _bnb_config(quantization: str, device: torch.device):
                               else torch.float32)
 
 
-def pack_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
-    """The dtype a pack is converted to: the model's own, float16 kept as float32 on disk (cast at load)."""
-    dtype = torch_dtype(spec.dtype, device)
-    return dtype if dtype != torch.float16 else torch.float32
-
-
-def _pack_paths(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> tuple[dict[str, Path], Path]:
-    """Where a pack's assembled files and its converted folder live in the cache."""
-    pack = catalog.packs[spec.location]
-    suffix = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
-    files = {file.name: cache_dir() / "packs" / pack.name / file.name for file in pack.files}
-    return files, cache_dir() / "models" / f"{pack.name}{suffix}"
-
-
-def _ct2_marker(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> dict:
-    return {"model.bin": catalog.packs[spec.location].files[0].sha256, "dtype": str(dtype)}
-
-
-def _converted(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, files: dict[str, Path], out_dir: Path) -> bool:
-    """Whether `out_dir` holds a finished conversion of these assembled files, by its marker."""
-    if catalog.packs[spec.location].format == "gguf":
-        from .gguf import is_converted
-        return is_converted(next(iter(files.values())), out_dir, dtype)
-    try:
-        return json.loads((out_dir / CONVERSION_MARKER).read_text()) == _ct2_marker(spec, catalog, dtype)
-    except (OSError, ValueError):
-        return False
-
-
-def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
-    """Whether a pack model is in the cache as it loads (assembled, verified, converted, and stored in int8 when it
-    runs so), so that a load converts nothing. Reads markers and stamps only."""
-    from .packs import _stamped_sha256
-    dtype = pack_dtype(spec, device)
-    files, out_dir = _pack_paths(spec, catalog, dtype)
-    for file in catalog.packs[spec.location].files:
-        stamp = _stamped_sha256(files[file.name])
-        if stamp is None or (file.sha256 is not None and stamp != file.sha256.lower()):
-            return False
-    if not _converted(spec, catalog, dtype, files, out_dir):
-        return False
-    # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
-    # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
-    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir, spec)
-
-
-def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
-    """Assemble the pack's files (sha256-verified) and convert them once into a transformers folder.
-
-    Returns the folder, and whether it was converted now (False: it was already in the cache).
-    """
-    pack = catalog.packs[spec.location]
-    paths, out_dir = _pack_paths(spec, catalog, dtype)
-    files = {}
-    for i, file in enumerate(pack.files):
-        progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
-        files[file.name] = assemble(file, paths[file.name].parent)
-    if _converted(spec, catalog, dtype, files, out_dir):
-        return out_dir, False
-    if pack.format == "gguf":
-        from .gguf import gguf_to_hf
-        (gguf_path,) = files.values()
-        return gguf_to_hf(gguf_path, out_dir, dtype=dtype, progress=lambda f, m: progress(
-            0.3 + 0.5 * f, f"{spec.name}: converting ({m})")), True
-    from .ct2 import ct2_to_hf
-    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
-        if _converted(spec, catalog, dtype, files, out_dir):  # another process finished it while we waited
-            return out_dir, False
-        progress(0.4, f"{spec.name}: converting CTranslate2 weights")
-        ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
-        (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
-    return out_dir, True
-
-
-def packs_onednn(spec: ModelSpec, device: torch.device) -> bool:
-    """Whether a model's linear layers are packed into oneDNN's layout at load (fp32 on the CPU, wholly in memory)."""
-    return (device.type == "cpu" and spec.quantization == "none" and not spec.device_map
-            and torch_dtype(spec.dtype, device) == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
-
-
-def packed_stored(folder: Path) -> bool:
-    """Whether the cache holds oneDNN-packed linear weights of this very float conversion, for this CPU and torch."""
-    from . import packed
-    try:
-        source = json.loads((folder / CONVERSION_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return packed.is_stored(packed.packed_folder(folder), source)
-
-
-def store_packed(model, folder: Path) -> int:
-    """Store a loaded model's packed linear weights next to its conversion (once; `prepare` does it)."""
-    from . import packed
-    with file_lock(folder.parent / f"{folder.name}-onednn.lock"):
-        if packed_stored(folder):
-            return 0
-        return packed.store(model, packed.packed_folder(folder), json.loads((folder / CONVERSION_MARKER).read_text()))
-
-
-def int8_folder(folder: Path, spec: ModelSpec) -> Path:
-    """Where the int8 weights of `spec`, quantized from the float conversion in `folder`, are stored: a decoder-only
-    model (a Whisper's decoder without its encoder) apart from the whole model."""
-    return folder.with_name(f"{folder.name}-{'decoder-' if spec.decoder_only else ''}dynamic_int8")
-
-
-def int8_stored(folder: Path, spec: ModelSpec) -> bool:
-    """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion."""
-    from . import quantized
-    try:
-        source = json.loads((folder / CONVERSION_MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return quantized.is_stored(int8_folder(folder, spec), source)
-
-
-def _dynamic_int8(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
-    """The model in torch's dynamic int8: from the cache's stored int8 tensors when they were made from this very
-    float conversion; else quantized now and stored (a pack's conversion only: other sources quantize at each load)."""
-    from . import quantized
-    marker = folder / CONVERSION_MARKER
-    if spec.source != "pack" or not marker.is_file():
-        return quantized.quantize(float_model())
-    if int8_stored(folder, spec):
-        progress(0.85, f"{spec.name}: loading the stored int8 weights")
-        return quantized.load(int8_folder(folder, spec), model_class)
-    progress(0.85, f"{spec.name}: quantizing to int8 (once; stored in the cache)")
-    model = quantized.quantize(float_model())
-    quantized.store(model, int8_folder(folder, spec), json.loads(marker.read_text()))
-    return model
-
-
-def _weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtype: torch.dtype,
-                    progress: Progress) -> str:
-    """The folder (or hub id) transformers loads from: a pack or a GGUF file converted into the cache first."""
-    if spec.source == "pack":
-        return str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
-    if spec.source == "gguf":
-        from .gguf import gguf_to_hf
-        path = Path(spec.location).expanduser()
-        return str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
-    return spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
-
-
 def _auto_class(spec: ModelSpec, config):
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     if spec.decoder_only:  # e.g. distil-Whisper's decoder as an assistant that reads the target's encoder
@@ -412,7 +196,7 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
             hf_logging.set_verbosity(level)
 
     if spec.quantization == "dynamic_int8":
-        model = _dynamic_int8(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
+        model = dynamic_int8_model(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
     else:
         model = float_model()
     if (getattr(model, "hf_device_map", None) or {}).get("") == "disk":   # accelerate cannot run a model wholly on disk
@@ -461,7 +245,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     dtype = torch_dtype(spec.dtype, device)
     started = time.perf_counter()
     try:
-        folder = _weights_folder(spec, catalog, device, dtype, progress)
+        folder = weights_folder(spec, catalog, device, dtype, progress)
         progress(0.8, f"{spec.name}: loading weights")
         model, tokenizer, processor = _model_and_tokenizer(spec, folder, device, dtype, progress)
         params, nbytes = _count(model)
@@ -473,10 +257,10 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             elif onednn:
                 onednn_for_offloaded(model)
     except LoadError as exc:
-        _failures[spec.name] = str(exc)
+        note_failure(spec.name, str(exc))
         raise
     except PackError as exc:
-        _failures[spec.name] = str(exc)
+        note_failure(spec.name, str(exc))
         raise LoadError(f"{spec.name}: {exc}") from None
     except MemoryError:
         raise LoadError(f"{spec.name}: out of memory while loading; free memory or lower "
@@ -486,7 +270,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         if "safetensors" in reason:
             reason += " (weights load only from safetensors, GGUF or offline packs, never from pickled .bin files)"
         if spec.source == "hub":
-            _failures[spec.name] = f"{spec.location}: cannot be fetched from the hub ({reason})"
+            note_failure(spec.name, f"{spec.location}: cannot be fetched from the hub ({reason})")
         raise LoadError(f"{spec.name}: {reason}") from None
     progress(1.0, f"{spec.name}: ready")
     return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started)

@@ -7,7 +7,8 @@ from collections import OrderedDict
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec, PairSpec
-from .loading import LoadedModel, LoadedPair, Progress, check_pair, default_device
+from .devices import default_device
+from .loading import LoadedModel, LoadedPair, Progress, check_pair
 from .prepare import load_prepared
 from .sizing import load_bytes
 

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec
-from .loading import (LoadedModel, LoadError, availability, convert_pack, default_device, int8_stored, load_model,
-                      note_failure, pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed)
+from .availability import availability, note_failure
+from .conversion import convert_pack, int8_stored, pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed
+from .devices import default_device
+from .loading import LoadedModel, LoadError, load_model
 from .packed import can_store
 from .packs import PackError
 

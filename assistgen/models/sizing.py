@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .availability import hub_reachable
 from .catalog import Catalog, ModelSpec, PairSpec
+from .devices import torch_dtype
 
 BYTES_PER_QUANTIZED = {"int8": 1.0, "4bit": 0.5, "dynamic_int8": 1.0}
 
@@ -59,7 +61,6 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 @functools.lru_cache(maxsize=64)
 def _hub_parameters(repo_id: str, decoder_only: bool) -> int | None:
     """Parameters of a hub repository not in the cache, from the hub's safetensors metadata (online only)."""
-    from .loading import hub_reachable
     if not hub_reachable()[0]:
         return None
     try:
@@ -89,7 +90,6 @@ def parameters(spec: ModelSpec, catalog: Catalog) -> int | None:
 
 def load_bytes(spec: ModelSpec, catalog: Catalog, device: torch.device) -> int | None:
     """Bytes the model's weights take once loaded on `device`, at its dtype or quantization; None when unknown."""
-    from .loading import torch_dtype
     count = parameters(spec, catalog)
     if count is None:
         return None

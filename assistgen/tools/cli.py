@@ -12,7 +12,7 @@ from .terminal import CliError, load_pair, progress_bar
 
 
 def cmd_models(args) -> int:
-    from ..models.loading import pair_availability
+    from ..models.availability import pair_availability
     catalog = load_catalog(args.catalog)
     rows = []
     for pair in catalog.pairs:

@@ -29,7 +29,8 @@ def progress_bar(min_interval_s: float = 0.5):
 
 def load_pair(catalog, spec):
     """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
-    from ..models.loading import LoadError, pair_availability
+    from ..models.availability import pair_availability
+    from ..models.loading import LoadError
     from ..models.pool import ModelPool
     ok, why = pair_availability(spec, catalog)
     if not ok:

@@ -22,7 +22,8 @@ from torch import nn
 from assistgen.engine.decoding import generate
 from assistgen.models.catalog import load_catalog
 from assistgen.models.gguf import load_cached
-from assistgen.models.loading import _weights_folder, default_device
+from assistgen.models.conversion import weights_folder
+from assistgen.models.devices import default_device
 from assistgen.models.pool import ModelPool
 from assistgen.tools.bench import builtin_items, model_inputs
 
@@ -45,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     catalog = load_catalog()
     pair = ModelPool(catalog).pair(PAIR)
-    folder = Path(_weights_folder(pair.spec.assistant, catalog, default_device(), torch.float32, lambda f, m: None))
+    folder = Path(weights_folder(pair.spec.assistant, catalog, default_device(), torch.float32, lambda f, m: None))
     fp32 = load_cached(folder, torch.float32, tokenizer=False)[0].eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # torch.ao.quantization is deprecated in 2.13, and works on the pinned torch

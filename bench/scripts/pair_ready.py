@@ -26,7 +26,8 @@ from pathlib import Path
 import torch, transformers
 from transformers import AutoModelForCausalLM, AutoModelForSpeechSeq2Seq, AutoProcessor, AutoTokenizer  # noqa
 from assistgen.models.catalog import load_catalog
-from assistgen.models.loading import _weights_folder, default_device, torch_dtype
+from assistgen.models.conversion import weights_folder
+from assistgen.models.devices import default_device, torch_dtype
 from assistgen.comparison.compare import warm_up
 from assistgen.models.pool import ModelPool
 from assistgen.app.service import Service
@@ -36,7 +37,7 @@ spec = catalog.pair(sys.argv[1])
 started = time.perf_counter()
 for model in (spec.target, spec.assistant):
     if model is not None:
-        folder = _weights_folder(model, catalog, default_device(), torch_dtype(model.dtype, default_device()),
+        folder = weights_folder(model, catalog, default_device(), torch_dtype(model.dtype, default_device()),
                                  lambda f, m: None)
         kind = json.loads((Path(folder) / "config.json").read_text())["model_type"]
         importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")

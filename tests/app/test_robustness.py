@@ -20,6 +20,7 @@ import torch
 from gradio_client import Client, handle_file
 
 import app
+import assistgen.models.availability
 import assistgen.models.loading
 import assistgen.app.service
 from assistgen.comparison.audio import load_audio
@@ -184,7 +185,7 @@ def catalog_with_broken_packs(tiny_catalog_path, tmp_path, monkeypatch):
     (site / "assistgen_test_damaged_weights" / "data" / "part01.bin").write_bytes(b"GGUF not the pinned bytes")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(assistgen.models.loading, "_failures", {})  # load failures are remembered per process
+    monkeypatch.setattr(assistgen.models.availability, "_failures", {})  # load failures are remembered per process
     packs = "".join(f"""
   {name}:
     format: gguf

@@ -113,7 +113,7 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     loaded = load_prepared(cat.models["tiny-assistant-int8"], cat, progress=lambda f, m: messages.append(m))
     assert any("separate process" in m for m in messages)
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
-    from assistgen.models.loading import pack_ready
+    from assistgen.models.conversion import pack_ready
     assert pack_ready(cat.models["tiny-assistant-int8"], cat, torch.device("cpu"))
     assert pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))  # the float conversion it builds on
     assert load_prepared(cat.models["tiny-target"], cat).model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
@@ -162,7 +162,7 @@ def test_a_packed_store_that_does_not_fit_the_model_is_left_and_the_model_packs_
 
 def test_a_packed_store_that_cannot_be_written_leaves_a_model_that_packs_at_load(catalog, capsys, monkeypatch):
     path, _ = catalog
-    from assistgen.models import loading
+    from assistgen.models import conversion
 
     def disk_full(*args):
         raise OSError(28, "No space left on device")
@@ -171,7 +171,7 @@ def test_a_packed_store_that_cannot_be_written_leaves_a_model_that_packs_at_load
     out = capsys.readouterr().out
     assert "tiny-target: converted (its packed linear layers could not be stored" in out
     cat = load_catalog(path)
-    assert loading.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))   # no child at every load
+    assert conversion.pack_ready(cat.models["tiny-target"], cat, torch.device("cpu"))   # no child at every load
     layers = [m for m in load_prepared(cat.models["tiny-target"], cat).model.modules() if isinstance(m, OneDNNLinear)]
     assert layers and all(m._backing is None for m in layers)
 

@@ -1,0 +1,161 @@
+"""The cache of converted weights: an offline pack assembled, verified and converted once into a transformers
+folder, and next to that conversion what later loads map instead of recomputing (a model's int8 weights, its
+oneDNN-packed linear layers), each stamped with the conversion it was made from."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .catalog import Catalog, ModelSpec
+from .devices import torch_dtype
+from .packs import assemble, cache_dir, file_lock
+
+Progress = Callable[[float, str], None]
+CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
+
+
+def pack_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    """The dtype a pack is converted to: the model's own, float16 kept as float32 on disk (cast at load)."""
+    dtype = torch_dtype(spec.dtype, device)
+    return dtype if dtype != torch.float16 else torch.float32
+
+
+def _pack_paths(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> tuple[dict[str, Path], Path]:
+    """Where a pack's assembled files and its converted folder live in the cache."""
+    pack = catalog.packs[spec.location]
+    suffix = "" if dtype == torch.float32 else f"-{str(dtype).removeprefix('torch.')}"
+    files = {file.name: cache_dir() / "packs" / pack.name / file.name for file in pack.files}
+    return files, cache_dir() / "models" / f"{pack.name}{suffix}"
+
+
+def _ct2_marker(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> dict:
+    return {"model.bin": catalog.packs[spec.location].files[0].sha256, "dtype": str(dtype)}
+
+
+def _converted(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, files: dict[str, Path], out_dir: Path) -> bool:
+    """Whether `out_dir` holds a finished conversion of these assembled files, by its marker."""
+    if catalog.packs[spec.location].format == "gguf":
+        from .gguf import is_converted
+        return is_converted(next(iter(files.values())), out_dir, dtype)
+    try:
+        return json.loads((out_dir / CONVERSION_MARKER).read_text()) == _ct2_marker(spec, catalog, dtype)
+    except (OSError, ValueError):
+        return False
+
+
+def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
+    """Whether a pack model is in the cache as it loads (assembled, verified, converted, and stored in int8 when it
+    runs so), so that a load converts nothing. Reads markers and stamps only."""
+    from .packs import _stamped_sha256
+    dtype = pack_dtype(spec, device)
+    files, out_dir = _pack_paths(spec, catalog, dtype)
+    for file in catalog.packs[spec.location].files:
+        stamp = _stamped_sha256(files[file.name])
+        if stamp is None or (file.sha256 is not None and stamp != file.sha256.lower()):
+            return False
+    if not _converted(spec, catalog, dtype, files, out_dir):
+        return False
+    # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
+    # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
+    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir, spec)
+
+
+def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
+    """Assemble the pack's files (sha256-verified) and convert them once into a transformers folder.
+
+    Returns the folder, and whether it was converted now (False: it was already in the cache).
+    """
+    pack = catalog.packs[spec.location]
+    paths, out_dir = _pack_paths(spec, catalog, dtype)
+    files = {}
+    for i, file in enumerate(pack.files):
+        progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
+        files[file.name] = assemble(file, paths[file.name].parent)
+    if _converted(spec, catalog, dtype, files, out_dir):
+        return out_dir, False
+    if pack.format == "gguf":
+        from .gguf import gguf_to_hf
+        (gguf_path,) = files.values()
+        return gguf_to_hf(gguf_path, out_dir, dtype=dtype, progress=lambda f, m: progress(
+            0.3 + 0.5 * f, f"{spec.name}: converting ({m})")), True
+    from .ct2 import ct2_to_hf
+    with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
+        if _converted(spec, catalog, dtype, files, out_dir):  # another process finished it while we waited
+            return out_dir, False
+        progress(0.4, f"{spec.name}: converting CTranslate2 weights")
+        ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
+        (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
+    return out_dir, True
+
+
+def packs_onednn(spec: ModelSpec, device: torch.device) -> bool:
+    """Whether a model's linear layers are packed into oneDNN's layout at load (fp32 on the CPU, wholly in memory)."""
+    return (device.type == "cpu" and spec.quantization == "none" and not spec.device_map
+            and torch_dtype(spec.dtype, device) == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
+
+
+def packed_stored(folder: Path) -> bool:
+    """Whether the cache holds oneDNN-packed linear weights of this very float conversion, for this CPU and torch."""
+    from . import packed
+    try:
+        source = json.loads((folder / CONVERSION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return packed.is_stored(packed.packed_folder(folder), source)
+
+
+def store_packed(model, folder: Path) -> int:
+    """Store a loaded model's packed linear weights next to its conversion (once; `prepare` does it)."""
+    from . import packed
+    with file_lock(folder.parent / f"{folder.name}-onednn.lock"):
+        if packed_stored(folder):
+            return 0
+        return packed.store(model, packed.packed_folder(folder), json.loads((folder / CONVERSION_MARKER).read_text()))
+
+
+def int8_folder(folder: Path, spec: ModelSpec) -> Path:
+    """Where the int8 weights of `spec`, quantized from the float conversion in `folder`, are stored: a decoder-only
+    model (a Whisper's decoder without its encoder) apart from the whole model."""
+    return folder.with_name(f"{folder.name}-{'decoder-' if spec.decoder_only else ''}dynamic_int8")
+
+
+def int8_stored(folder: Path, spec: ModelSpec) -> bool:
+    """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion."""
+    from . import quantized
+    try:
+        source = json.loads((folder / CONVERSION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return quantized.is_stored(int8_folder(folder, spec), source)
+
+
+def dynamic_int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
+    """The model in torch's dynamic int8: from the cache's stored int8 tensors when they were made from this very
+    float conversion; else quantized now and stored (a pack's conversion only: other sources quantize at each load)."""
+    from . import quantized
+    marker = folder / CONVERSION_MARKER
+    if spec.source != "pack" or not marker.is_file():
+        return quantized.quantize(float_model())
+    if int8_stored(folder, spec):
+        progress(0.85, f"{spec.name}: loading the stored int8 weights")
+        return quantized.load(int8_folder(folder, spec), model_class)
+    progress(0.85, f"{spec.name}: quantizing to int8 (once; stored in the cache)")
+    model = quantized.quantize(float_model())
+    quantized.store(model, int8_folder(folder, spec), json.loads(marker.read_text()))
+    return model
+
+
+def weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtype: torch.dtype,
+                    progress: Progress) -> str:
+    """The folder (or hub id) transformers loads from: a pack or a GGUF file converted into the cache first."""
+    if spec.source == "pack":
+        return str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
+    if spec.source == "gguf":
+        from .gguf import gguf_to_hf
+        path = Path(spec.location).expanduser()
+        return str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
+    return spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())
