@@ -170,6 +170,8 @@ def window_tokens(result: GenerationResult) -> list[list[int]]:
     if not result.windows:
         return [result.new_tokens]
     counts = [w["new_tokens"] for w in result.windows]
+    if sum(counts) != len(result.new_tokens):
+        raise ValueError(f"a joined run's windows count {sum(counts)} tokens, its output {len(result.new_tokens)}")
     starts = [sum(counts[:i]) for i in range(len(counts))]
     return [result.new_tokens[start:start + n] for start, n in zip(starts, counts)]
 

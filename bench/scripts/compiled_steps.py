@@ -8,10 +8,12 @@ an untied output layer) cut to each number of `--layers`, seeded random weights.
 fused pointwise operations, a static cache, one shape). The per-layer cost is the slope between the two depths.
 
 Speech: the default speech assistant's draft pass (Whisper base's decoder in int8, `engine.whisper_decoder`) on the
-clip's encoder output, eager against the whole pass compiled and against the attention blocks between the int8
-products compiled (dynamic shapes: the cache grows at every draft).
+clip's encoder output, eager against its attention blocks compiled (dynamic shapes: the cache grows at every draft).
+The int8 products cannot be traced (their packed weights are a TorchScript object, and each call breaks the graph),
+so compiling the whole pass falls back to compiling these same blocks: the graph breaks are counted and printed.
 
-Medians of the timed steps, rounds interleaved; the compile time of each is printed too.
+Medians of the timed steps, rounds interleaved; the time of the first compiled call (the compilation, the prompt's
+prefill and 3 steps) is printed too.
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def text_step_ms(layers: int, rounds: int = 2) -> dict:
     for _ in range(rounds):
         runs["eager"].append(_median_ms(eager()))
         runs["compiled"].append(_median_ms(compiled()))
-    return {"layers": layers, "compile_s": round(compile_s, 1), **runs}
+    return {"layers": layers, "first compiled call s": round(compile_s, 1), **runs}
 
 
 def speech_draft_ms(clip: str, rounds: int = 3) -> dict:
@@ -107,22 +109,23 @@ def speech_draft_ms(clip: str, rounds: int = 3) -> dict:
             times.append(time.perf_counter() - start)
         return tokens, times
 
+    from torch._dynamo.utils import counters
     eager = whisper_decoder.WhisperDecoderStep(pair.assistant.model, hidden)
-    whole = whisper_decoder.WhisperDecoderStep(pair.assistant.model, hidden)
-    whole.logits = torch.compile(whole.logits, dynamic=True)
     blocks = whisper_decoder.WhisperDecoderStep(pair.assistant.model, hidden)
     blocks._self_attention = torch.compile(blocks._self_attention, dynamic=True)
     blocks._cross_attention = torch.compile(blocks._cross_attention, dynamic=True)
     reference, _ = drafts(eager)
-    out = {"clip": clip}
-    for name, step in (("whole", whole), ("blocks", blocks)):
-        start = time.perf_counter()
-        tokens, _ = drafts(step)
-        out[f"{name} compile_s"] = round(time.perf_counter() - start, 1)
-        out[f"{name} same drafts"] = tokens == reference
-    runs = {"eager": [], "whole": [], "blocks": []}
+    start = time.perf_counter()
+    tokens, _ = drafts(blocks)
+    out = {"clip": clip, "first compiled call s": round(time.perf_counter() - start, 1),
+           "same drafts": tokens == reference}
+    whole = whisper_decoder.WhisperDecoderStep(pair.assistant.model, hidden)
+    whole.logits = torch.compile(whole.logits, dynamic=True)
+    drafts(whole)
+    out["graph breaks compiling the whole pass"] = sum(counters["graph_break"].values())
+    runs = {"eager": [], "compiled blocks": []}
     for _ in range(rounds):
-        for name, step in (("eager", eager), ("whole", whole), ("blocks", blocks)):
+        for name, step in (("eager", eager), ("compiled blocks", blocks)):
             runs[name].append(_median_ms(drafts(step)[1]))
     return {**out, **runs}
 
@@ -134,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     print("speech draft pass, ms:", speech_draft_ms(args.clip), flush=True)
-    depths = [int(n) for n in args.layers.split(",")]
+    depths = [int(n) for n in args.layers.split(",") if n]   # --layers "": the speech part only
     text = [text_step_ms(n) for n in depths]
     for row in text:
         print("text one-token step, ms:", row, flush=True)
