@@ -47,6 +47,14 @@ def qwen2(seed: int, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, i
     return _seeded(lambda: Qwen2ForCausalLM(config), seed)
 
 
+def llama(seed: int, *, layers: int = 2) -> "LlamaForCausalLM":
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=0, tie_word_embeddings=True, rope_theta=100000.0)
+    return _seeded(lambda: LlamaForCausalLM(config), seed)
+
+
 def gpt2(seed: int, *, layers: int = 2, eos: int | None = None) -> GPT2LMHeadModel:
     config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=256,
                         bos_token_id=None, eos_token_id=eos, pad_token_id=0, initializer_range=0.5)

@@ -5,7 +5,7 @@ import inspect
 
 import torch
 
-from . import whisper_decoder
+from . import llama_decoder, whisper_decoder
 
 
 # An assistant reads a Whisper clip's own frames plus this much, not the 30 s of padding around a short clip
@@ -54,8 +54,9 @@ class CachedDecoder:
     assistant layout) takes another model's ``encoder_outputs``.
 
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
-    `whisper_decoder.WhisperDecoderStep`, the same arithmetic without transformers' per-step overhead (a
-    third of tiny.en's draft pass). The target always runs through transformers' own modules.
+    `whisper_decoder.WhisperDecoderStep`, a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
+    arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). The target always runs
+    through transformers' own modules.
     """
 
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False):
@@ -93,6 +94,8 @@ class CachedDecoder:
             if positions is not None:
                 hidden = hidden[:, :positions]
             self._step = whisper_decoder.WhisperDecoderStep(model, hidden)
+        elif assistant and llama_decoder.supports(model):
+            self._step = llama_decoder.LlamaDecoderStep(model)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:

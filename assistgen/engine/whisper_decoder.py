@@ -59,7 +59,8 @@ def fused_linear(linears: list[nn.Module]) -> nn.Module:
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
 
 
-def _fused_qkv(attention: nn.Module) -> nn.Module:
+def fused_qkv(attention: nn.Module) -> nn.Module:
+    """An attention block's query, key and value projections as one product (`fused_linear`), made once per block."""
     fused = _FUSED.get(attention)
     if fused is None:
         fused = _FUSED[attention] = fused_linear([attention.q_proj, attention.k_proj, attention.v_proj])
@@ -93,7 +94,7 @@ class _Layer:
 
     def __init__(self, layer, encoder_hidden: torch.Tensor, heads: int, max_length: int):
         attn, cross = layer.self_attn, layer.encoder_attn
-        self.qkv = _fused_qkv(attn).forward
+        self.qkv = fused_qkv(attn).forward
         self.self_out = attn.out_proj.forward
         self.cross_q, self.cross_out = cross.q_proj.forward, cross.out_proj.forward
         self.fc1, self.fc2 = layer.fc1.forward, layer.fc2.forward

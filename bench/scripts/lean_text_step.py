@@ -4,15 +4,22 @@ token: what `engine.whisper_decoder` does for Whisper's assistants), on an offli
 plain loop's operations.
 
     .venv/bin/python -m bench.scripts.lean_text_step [--model qwen2.5-coder-0.5b-instruct-int8] [--rounds 3]
+    .venv/bin/python -m bench.scripts.lean_text_step --pair qwen2.5-coder-1.5b+0.5b-int8 [--limit 2] [--rounds 2]
 
 Prints, per round, the median one-token step of each (30 steps after a code prompt's prefill), whether their
 greedy tokens and final logits agree, and then the plain loop's most expensive operations.
+
+With --pair: the pair's assisted generation at its defaults on the first `--limit` prompts of each of the code,
+chat and translation suites, with the assistant's passes through `engine.llama_decoder` (as the app runs them) and
+through transformers' modules, in alternating order, against one baseline run per prompt: latency, seconds per
+assistant pass, and whether every output is the baseline's.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
@@ -91,11 +98,53 @@ def plain_steps(model, prompt: torch.Tensor) -> tuple[list[int], float, torch.Te
     return tokens, statistics.median(times), logits
 
 
+def end_to_end(pair_name: str, limit: int, rounds: int) -> None:
+    from unittest import mock
+
+    from assistgen.app.validation import request_settings
+    from assistgen.comparison.compare import run_generation, warm_up
+    from assistgen.engine import kv
+    from assistgen.tools.bench import builtin_items, model_inputs
+    catalog = load_catalog()
+    pair = ModelPool(catalog).pair(pair_name)
+    settings = request_settings(catalog.pair(pair_name))
+    source = catalog.pair(pair_name).draft_source
+    inputs_folder = Path(__file__).resolve().parents[1] / "inputs"
+    items = [item for suite in ("code", "chat", "translation") for item in builtin_items(suite, inputs_folder, limit)]
+    warm_up(pair, model_inputs(pair, items[0]))
+    rows = []
+    for i, item in enumerate(items):
+        inputs = model_inputs(pair, item)
+        baseline = run_generation(pair, inputs, settings)
+        for r in range(rounds):
+            order = ("lean", "transformers") if (i + r) % 2 == 0 else ("transformers", "lean")
+            for name in order:
+                with mock.patch.object(kv.llama_decoder, "supports", (lambda m: False) if name == "transformers"
+                                       else kv.llama_decoder.supports):
+                    result = run_generation(pair, inputs, settings, draft_source=source)
+                drafting = sum(s.draft_s for s in result.steps)
+                rows.append((item.name, name, result.latency_s, baseline.latency_s,
+                             drafting / max(1, result.assistant_passes), result.new_tokens == baseline.new_tokens))
+                print(f"{item.name:14s} {name:12s} {result.latency_s:6.2f} s (baseline {baseline.latency_s:6.2f} s, "
+                      f"{baseline.latency_s / result.latency_s:.2f}x), {1000 * rows[-1][4]:5.1f} ms per assistant "
+                      f"pass, same output {rows[-1][5]}", flush=True)
+    for name in ("lean", "transformers"):
+        mine = [r for r in rows if r[1] == name]
+        print(f"{name}: median speedup {statistics.median(r[3] / r[2] for r in mine):.2f}x, median "
+              f"{1000 * statistics.median(r[4] for r in mine):.1f} ms per assistant pass, "
+              f"{sum(r[5] for r in mine)} of {len(mine)} outputs the baseline's")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct-int8")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pair", help="assisted generation end to end, with and without the plain loop")
+    parser.add_argument("--limit", type=int, default=2)
     args = parser.parse_args()
+    if args.pair:
+        end_to_end(args.pair, args.limit, args.rounds)
+        return
     catalog = load_catalog()
     loaded = ModelPool(catalog).model(catalog.models[args.model])
     prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
