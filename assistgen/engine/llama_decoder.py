@@ -5,7 +5,7 @@ Through `model(...)`, a one-token step of the int8 Qwen2.5-0.5B assistant took 3
 the same logits, bit for bit (`bench.scripts.lean_text_step`, rounds of 30 steps); in assisted generation, 37 against
 43 ms of drafting per pass. The difference is transformers' cache object, masks and module calls. Here:
 
-- the self-attention's query, key and value projections are one product (`whisper_decoder.fused_linear`);
+- the self-attention's query, key and value projections are one product (`fusing.fused_qkv`);
 - the keys and values live in one buffer per layer, grown by doubling (each feed says where it starts, so rejected
   drafts are simply written over);
 - no mask for one new token; an explicit causal mask when several are fed at once.
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .whisper_decoder import fused_qkv
+from .fusing import fused_qkv
 
 FAMILIES = ("llama", "qwen2")
 FIRST_CAPACITY = 256   # positions each layer's key and value buffers hold at first
@@ -91,7 +91,6 @@ class LlamaDecoderStep:
     @torch.inference_mode()
     def __init__(self, model):
         config = model.config
-        self.model = model
         self.device = model.device
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -157,12 +157,11 @@ def run_once(pair, task: str, inputs, settings: Settings, config: Config) -> dic
     if config.engine == "transformers":   # a recording's windows one after the other, as ours
         runs = [_peer(pair, window, settings, config.schedule) for window in
                 ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
-        return {"tokens": [t for tokens, _ in runs for t in tokens], "latency_s": sum(s for _, s in runs),
-                "result": None, "window_tokens": [tokens for tokens, _ in runs]}
+        return {"window_tokens": [tokens for tokens, _ in runs], "latency_s": sum(s for _, s in runs),
+                "result": None}
     source = config.draft_source and effective_draft_source(pair, task, inputs, config.draft_source)[0]
     result = run_generation(pair, inputs, settings, draft_source=source)
-    return {"tokens": result.new_tokens, "latency_s": result.latency_s, "result": result,
-            "window_tokens": window_tokens(result)}
+    return {"window_tokens": window_tokens(result), "latency_s": result.latency_s, "result": result}
 
 
 def window_tokens(result: GenerationResult) -> list[list[int]]:
@@ -191,7 +190,7 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
     row = {"pair": pair.spec.name, "suite": item.suite, "task": item.task, "item": item.name, "repeat": repeat,
            "temperature": temperature, "config": config.label, "engine": config.engine,
            "draft_source": config.draft_source, "schedule": config.schedule, "latency_s": round(run["latency_s"], 4),
-           "new_tokens": len(run["tokens"]), "baseline_latency_s": round(baseline["latency_s"], 4),
+           "new_tokens": sum(map(len, run["window_tokens"])), "baseline_latency_s": round(baseline["latency_s"], 4),
            "speedup": round(baseline["latency_s"] / run["latency_s"], 4) if run["latency_s"] > 0 else None,
            "identical": identical if temperature == 0 else None}
     if reference is not None and run["latency_s"] > 0:   # the first pair's baseline on this item

@@ -1,7 +1,7 @@
 """What transformers' modules add to a text model's one-token step: the step through `model(...)` against the same
-arithmetic as a plain loop over the layers (one preallocated KV buffer per layer, no cache object, no masks for one
-token: what `engine.whisper_decoder` does for Whisper's assistants), on an offline model, with the profile of the
-plain loop's operations.
+arithmetic as a plain loop over the layers (`engine.llama_decoder.LlamaDecoderStep`, what the app's text assistants
+draft through: one key and value buffer per layer, no cache object, no mask for one token, q/k/v in one product),
+on an offline model, with the profile of the plain loop's operations.
 
     .venv/bin/python -m bench.scripts.lean_text_step [--model qwen2.5-coder-0.5b-instruct-int8] [--rounds 3]
     .venv/bin/python -m bench.scripts.lean_text_step --pair qwen2.5-coder-1.5b+0.5b-int8 [--limit 2] [--rounds 2]
@@ -22,56 +22,13 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
+from assistgen.engine.llama_decoder import LlamaDecoderStep
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring and tests."
 STEPS = 30
-
-
-class PlainStep:
-    """A Qwen2/Llama-style decoder as a plain loop over its layers, transformers' arithmetic op for op."""
-
-    def __init__(self, model, max_length: int = 2048):
-        config = model.config
-        self.model = model
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.eps = config.rms_norm_eps
-        shape = (1, self.kv_heads, max_length, self.head_dim)
-        self.keys = [torch.zeros(shape) for _ in model.model.layers]
-        self.values = [torch.zeros(shape) for _ in model.model.layers]
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = self.head_dim // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-    @torch.inference_mode()
-    def logits(self, new: list[int], start: int) -> torch.Tensor:
-        n, end = len(new), start + len(new)
-        hidden = self.model.model.embed_tokens(torch.tensor([new]))
-        cos, sin = self.model.model.rotary_emb(hidden, torch.arange(start, end).unsqueeze(0))
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start) if n > 1 else None
-        for layer, keys, values in zip(self.model.model.layers, self.keys, self.values):
-            attention, mlp = layer.self_attn, layer.mlp
-            x = self._norm(hidden, layer.input_layernorm.weight)
-            q = attention.q_proj(x).view(1, n, self.heads, self.head_dim).transpose(1, 2)
-            k = attention.k_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys[:, :, start:end] = self._rotate(k, cos, sin)
-            values[:, :, start:end] = attention.v_proj(x).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            out = F.scaled_dot_product_attention(self._rotate(q, cos, sin), keys[:, :, :end], values[:, :, :end],
-                                                 attn_mask=mask, enable_gqa=True, scale=attention.scaling)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(1, n, -1))
-            x = self._norm(hidden, layer.post_attention_layernorm.weight)
-            hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-        hidden = self._norm(hidden[:, -1:], self.model.model.norm.weight)
-        return self.model.lm_head(hidden)[0, -1].float()
 
 
 def transformers_steps(model, prompt: torch.Tensor) -> tuple[list[int], float, torch.Tensor]:
@@ -88,12 +45,12 @@ def transformers_steps(model, prompt: torch.Tensor) -> tuple[list[int], float, t
 
 
 def plain_steps(model, prompt: torch.Tensor) -> tuple[list[int], float, torch.Tensor]:
-    step = PlainStep(model)
-    logits, tokens, times = step.logits(prompt[0].tolist(), 0), [], []
+    step = LlamaDecoderStep(model)
+    logits, tokens, times = step.logits(prompt[0].tolist(), 0)[-1], [], []
     for _ in range(STEPS):
         tokens.append(int(logits.argmax()))
         start = time.perf_counter()
-        logits = step.logits([tokens[-1]], prompt.shape[1] + len(tokens) - 1)
+        logits = step.logits([tokens[-1]], prompt.shape[1] + len(tokens) - 1)[-1]
         times.append(time.perf_counter() - start)
     return tokens, statistics.median(times), logits
 
@@ -155,11 +112,11 @@ def main() -> None:
         print(f"transformers {a_s * 1000:.1f} ms, plain loop {b_s * 1000:.1f} ms; same tokens {a == b}, "
               f"largest logit difference {float((a_logits - b_logits).abs().max()):.3g}", flush=True)
     from torch.profiler import ProfilerActivity, profile
-    step = PlainStep(loaded.model)
-    logits, position = step.logits(prompt[0].tolist(), 0), prompt.shape[1]
+    step = LlamaDecoderStep(loaded.model)
+    logits, position = step.logits(prompt[0].tolist(), 0)[-1], prompt.shape[1]
     with profile(activities=[ProfilerActivity.CPU]) as profiled:
         for _ in range(10):
-            logits = step.logits([int(logits.argmax())], position)
+            logits = step.logits([int(logits.argmax())], position)[-1]
             position += 1
     print(profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
 

@@ -7,7 +7,8 @@ import helpers as tm
 from assistgen.engine.decoding import generate
 from assistgen.engine.kv import CachedDecoder
 from assistgen.models import quantized
-from assistgen.engine.whisper_decoder import WhisperDecoderStep, fused_linear, supports
+from assistgen.engine.fusing import fused_linear
+from assistgen.engine.whisper_decoder import WhisperDecoderStep, supports
 
 
 def _transformers_logits(model, encoder_hidden, tokens):
