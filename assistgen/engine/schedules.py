@@ -84,6 +84,18 @@ class Calibration:
                 copied._seen[b] = limit
         return copied
 
+    def to_dict(self) -> dict:
+        return {"hits": list(self._hits), "seen": list(self._seen)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "Calibration":
+        hits, seen = [float(h) for h in state["hits"]], [float(n) for n in state["seen"]]
+        if not hits or len(hits) != len(seen) or any(not 0 <= h <= n for h, n in zip(hits, seen)):
+            raise ValueError("a calibration needs as many hits as drafts seen per bin, each within 0..seen")
+        calibration = cls(len(hits))
+        calibration._hits, calibration._seen = hits, seen
+        return calibration
+
     def observe(self, confidences: list[float], verified: int, accepted: int) -> None:
         # each verified draft up to the first rejection was tried with the ones before it accepted
         for i, c in enumerate(confidences[:min(verified, accepted + 1)]):
@@ -134,6 +146,22 @@ class PassCosts:
         copied = copy.deepcopy(self)
         copied._lent = set(copied._verify)
         return copied
+
+    def to_dict(self) -> dict:
+        return {"decay": self.decay, "plain_s": self.plain_s, "assistant_s": self.assistant_s,
+                "verify": {str(rows): s for rows, s in self._verify.items()}}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> "PassCosts":
+        costs = cls(float(state["decay"]))
+        costs.plain_s = None if state["plain_s"] is None else float(state["plain_s"])
+        costs.assistant_s = None if state["assistant_s"] is None else float(state["assistant_s"])
+        costs._verify = {int(rows): float(s) for rows, s in state["verify"].items()}
+        if any(rows < 2 or s <= 0 for rows, s in costs._verify.items()) or \
+                any(v is not None and v <= 0 for v in (costs.plain_s, costs.assistant_s)):
+            raise ValueError("pass costs must be positive seconds, verification passes of two rows or more")
+        costs._line = costs._fit_line() if costs._verify else None
+        return costs
 
     def pass_s(self, rows: int) -> float | None:
         """Seconds of a target pass that reads `rows` tokens; None before anything was measured. A line fitted to
@@ -236,6 +264,21 @@ class AdaptiveSchedule:
             self.calibrated = measured.calibrated.carried(CARRIED_DRAFTS)
             if self._confident:
                 self.window = self.max_window
+
+    def to_dict(self) -> dict:
+        """What a later generation borrows (`measured`): costs, calibration, whether drafts came with confidences.
+        Plain data, for `comparison.measured` to keep between processes."""
+        return {"costs": self.costs.to_dict(), "calibration": self.calibrated.to_dict(), "confident": self._confident}
+
+    @classmethod
+    def from_dict(cls, state: dict, num_assistant_tokens: int = 5) -> "AdaptiveSchedule":
+        """A schedule holding `to_dict`'s measurements, to pass as another's `measured`. ValueError or KeyError on
+        a malformed state."""
+        schedule = cls(num_assistant_tokens)
+        schedule.costs = PassCosts.from_dict(state["costs"])
+        schedule.calibrated = Calibration.from_dict(state["calibration"])
+        schedule._confident = bool(state["confident"])
+        return schedule
 
     @property
     def plain_s(self) -> float | None:

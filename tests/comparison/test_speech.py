@@ -111,3 +111,36 @@ def test_the_adaptive_schedule_starts_each_run_from_the_costs_the_last_one_measu
     sampled = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8,
                                                           seed=0))
     assert sampled.assisted.steps[0].window == 5   # sampled drafts learn their own calibration: blind at first
+
+
+def test_a_new_process_starts_from_what_the_last_one_measured_with_models_of_the_cache(speech_pair, tmp_path,
+                                                                                      monkeypatch):
+    """`comparison.measured` keeps the adaptive schedule's measurements beside the cache's models: a pair loaded
+    afresh (a new process) drafts by them from its first step. Not for models outside the cache, not under other
+    facts (another assistant), and a damaged file is ignored."""
+    from assistgen.comparison import measured
+    pair, tokenizer = speech_pair
+    monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path))
+    window = [SpeechWindow(0.0, 20.0, _window(tokenizer, "en"))]
+    adaptive = Settings(max_new_tokens=24, schedule="adaptive")
+
+    def fresh():   # the same models, loaded again: nothing measured in memory
+        return check_pair(pair.spec, pair.target, pair.assistant)
+    assert measured.store_path(pair) is None           # in-memory models: nothing kept
+    compare(pair, "asr", window, adaptive)
+    assert not (tmp_path / "schedules").exists() and compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
+
+    for name, loaded in (("target", pair.target), ("assistant", pair.assistant)):
+        monkeypatch.setattr(loaded.model.config, "_name_or_path", str(tmp_path / "models" / name))
+    first = compare(fresh(), "asr", window, adaptive)
+    assert first.assisted.steps[0].window == 5 and measured.store_path(pair).is_file()
+    again = compare(fresh(), "asr", window, adaptive)
+    assert again.assisted.steps[0].window == 32 and first.identical and again.identical
+    sampled = compare(fresh(), "asr", window, Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8))
+    assert sampled.assisted.steps[0].window == 5       # its own calibration: not lent by greedy runs
+
+    monkeypatch.setattr(pair.assistant.model.config, "_name_or_path", str(tmp_path / "models" / "another"))
+    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
+    measured.store_path(pair).write_text("{not json")
+    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
+    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 32   # rewritten by the run before

@@ -127,6 +127,30 @@ def test_an_earlier_generations_costs_let_the_first_step_draft_by_them():
     assert fresh.window == 5 and not fresh.costs.known
 
 
+def test_a_schedule_kept_as_plain_data_lends_what_it_measured_as_itself():
+    import json
+    earlier = warmed(0.05, cpu_verify)
+    for _ in range(30):
+        earlier.calibrated.observe([0.35], 1, 1)
+    restored = AdaptiveSchedule.from_dict(json.loads(json.dumps(earlier.to_dict())))
+    a, b = AdaptiveSchedule(5, measured=earlier), AdaptiveSchedule(5, measured=restored)
+    assert b.window == a.window == a.max_window
+    for rows in (1, 2, 5, 12):
+        assert b.costs.pass_s(rows) == pytest.approx(a.costs.pass_s(rows))
+    for confidences in ([0.99] * 6, [0.99, 0.99, 0.2], [0.35] * 4, [0.6, 0.35, 0.95]):
+        assert b.keep_drafting(confidences) == a.keep_drafting(confidences)
+        assert b.verify_count(confidences) == a.verify_count(confidences)
+    assert b.calibrated(0.35) == pytest.approx(a.calibrated(0.35)) and a.calibrated(0.35) > 0.8
+    state = earlier.to_dict()
+    for broken in ({**state, "costs": {**state["costs"], "assistant_s": -1.0}},
+                   {**state, "calibration": {"hits": [5.0], "seen": [4.0]}},
+                   {**state, "costs": {**state["costs"], "verify": {"1": 0.3}}}):
+        with pytest.raises(ValueError):
+            AdaptiveSchedule.from_dict(broken)
+    with pytest.raises(KeyError):
+        AdaptiveSchedule.from_dict({"costs": state["costs"]})
+
+
 def test_carried_verification_costs_give_way_to_the_sizes_this_generation_measures():
     slow = AdaptiveSchedule(5)
     slow.update(3, 3, 9.0, 9.0, [0.9] * 3)
