@@ -9,7 +9,7 @@ from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPE
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
-from . import measured
+from . import schedule_store
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
@@ -207,7 +207,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     The adaptive schedule starts from the pass costs and calibration that its last run with this pair, draft source
     and decoding (greedy, or sampled at this temperature and top-p) measured: each window of a recording after the
     first, and every such run after the first, drafts by measured costs from its first step instead of drafting
-    blind for two. A process's first such run starts from what the last process measured (`measured`)."""
+    blind for two. A process's first such run starts from what the last process measured (`schedule_store`)."""
     kwargs = {}
     if draft_source in ("assistant", "assistant_lookup"):
         kwargs["assistant_model"] = pair.assistant.model
@@ -225,7 +225,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
         schedule = settings.schedule
         if schedule == "adaptive" and draft_source is not None:
             if key not in pair.measured_schedules:   # a new process: what an earlier one measured on this machine
-                stored = measured.load(pair, key)
+                stored = schedule_store.load(pair, key)
                 if stored is not None:
                     pair.measured_schedules[key] = stored
             schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured_schedules.get(key))
@@ -237,7 +237,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
             pair.measured_schedules[key] = schedule
             if not isinstance(inputs, list) or model_inputs is inputs[-1].inputs:
-                measured.save(pair, key, schedule)
+                schedule_store.save(pair, key, schedule)
         return result
     if isinstance(inputs, dict):
         return one(inputs)

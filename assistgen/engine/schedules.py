@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, Protocol
 
 
@@ -89,9 +90,12 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, state: dict) -> "Calibration":
+        """`to_dict`'s data back; ValueError when it is not a calibration (bins of finite counts, 0 <= hits <= seen,
+        seen > 0)."""
         hits, seen = [float(h) for h in state["hits"]], [float(n) for n in state["seen"]]
-        if not hits or len(hits) != len(seen) or any(not 0 <= h <= n for h, n in zip(hits, seen)):
-            raise ValueError("a calibration needs as many hits as drafts seen per bin, each within 0..seen")
+        if not hits or len(hits) != len(seen) or \
+                any(not (math.isfinite(n) and n > 0 and 0 <= h <= n) for h, n in zip(hits, seen)):
+            raise ValueError("a calibration needs as many hits as drafts seen per bin, each within 0..seen, seen > 0")
         calibration = cls(len(hits))
         calibration._hits, calibration._seen = hits, seen
         return calibration
@@ -153,13 +157,22 @@ class PassCosts:
 
     @classmethod
     def from_dict(cls, state: dict) -> "PassCosts":
-        costs = cls(float(state["decay"]))
-        costs.plain_s = None if state["plain_s"] is None else float(state["plain_s"])
-        costs.assistant_s = None if state["assistant_s"] is None else float(state["assistant_s"])
-        costs._verify = {int(rows): float(s) for rows, s in state["verify"].items()}
-        if any(rows < 2 or s <= 0 for rows, s in costs._verify.items()) or \
-                any(v is not None and v <= 0 for v in (costs.plain_s, costs.assistant_s)):
-            raise ValueError("pass costs must be positive seconds, verification passes of two rows or more")
+        """`to_dict`'s data back; ValueError when it is not pass costs (finite positive seconds, verification passes
+        of two rows or more, a decay in [0, 1))."""
+        def seconds(value) -> float | None:
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"pass costs must be finite positive seconds, got {value!r}")
+            return float(value)
+        decay, verify = state["decay"], state["verify"]
+        if not isinstance(decay, (int, float)) or not 0 <= decay < 1 or not isinstance(verify, dict):
+            raise ValueError("pass costs need a decay in [0, 1) and verification seconds by rows")
+        costs = cls(float(decay))
+        costs.plain_s, costs.assistant_s = seconds(state["plain_s"]), seconds(state["assistant_s"])
+        costs._verify = {int(rows): seconds(s) for rows, s in verify.items()}
+        if any(rows < 2 or s is None for rows, s in costs._verify.items()):
+            raise ValueError("verification passes read two rows or more, each with its seconds")
         costs._line = costs._fit_line() if costs._verify else None
         return costs
 
@@ -266,18 +279,20 @@ class AdaptiveSchedule:
                 self.window = self.max_window
 
     def to_dict(self) -> dict:
-        """What a later generation borrows (`measured`): costs, calibration, whether drafts came with confidences.
-        Plain data, for `comparison.measured` to keep between processes."""
+        """What a later generation borrows (`measured`) as plain data: costs, calibration, and whether the drafts came
+        with confidences."""
         return {"costs": self.costs.to_dict(), "calibration": self.calibrated.to_dict(), "confident": self._confident}
 
     @classmethod
-    def from_dict(cls, state: dict, num_assistant_tokens: int = 5) -> "AdaptiveSchedule":
-        """A schedule holding `to_dict`'s measurements, to pass as another's `measured`. ValueError or KeyError on
-        a malformed state."""
-        schedule = cls(num_assistant_tokens)
+    def from_dict(cls, state: dict) -> "AdaptiveSchedule":
+        """A schedule holding `to_dict`'s measurements, to pass as another's `measured`. ValueError, KeyError or
+        TypeError on a malformed state."""
+        schedule = cls(1)
         schedule.costs = PassCosts.from_dict(state["costs"])
         schedule.calibrated = Calibration.from_dict(state["calibration"])
-        schedule._confident = bool(state["confident"])
+        if not isinstance(state["confident"], bool):
+            raise ValueError("confident must be true or false")
+        schedule._confident = state["confident"]
         return schedule
 
     @property

@@ -29,6 +29,7 @@ import torch
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   time_breakdown, warm_up)
+from ..comparison import schedule_store
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
 from ..models.loading import offloaded
@@ -384,7 +385,10 @@ def run(args: argparse.Namespace) -> int:
             "dtype": str(first.target.model.dtype).removeprefix("torch."),
             "max_new_tokens": args.max_new_tokens or {spec.name: spec.max_new_tokens for spec in specs},
             "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "items": {i.name: i.text or i.audio for i in items}}
+            "items": {i.name: i.text or i.audio for i in items},
+            # whether a first adaptive run starts from what an earlier process measured (comparison.schedule_store)
+            "stored_schedules": {p.spec.name: bool((path := schedule_store.store_path(p)) and path.is_file())
+                                 for p in pairs}}
     if not args.no_floor and first.target.model.device.type == "cpu":
         bandwidth = memory_bandwidth_gb_s()
         # an offloaded target's weights come back from disk at every pass: memory bandwidth does not bound it

@@ -64,12 +64,19 @@ def _order(s: dict) -> tuple:
     return s["pair"] or "", s["suite"], s["temperature"], s["config"] != "baseline", s["config"]
 
 
+def _stored(meta: dict) -> str:
+    """Which pairs' first adaptive runs started from measurements an earlier process kept (`schedule_store`)."""
+    stored = [name for name, kept in meta.get("stored_schedules", {}).items() if kept]
+    return (f"Adaptive schedules start from the pass costs and calibration an earlier process measured: "
+            f"{', '.join(stored) or 'none'} (`comparison.schedule_store`).\n")
+
+
 def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
     pairs = meta["pairs"]
     lines = [f"# assistgen bench: {', '.join(pairs)}", "",
              f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
              f"threads; {meta['dtype']}; max_new_tokens {_budget(meta['max_new_tokens'])}; {meta['repeats']} repeat(s); "
-             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "",
+             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "", _stored(meta),
              "Speedup = baseline latency / assisted latency of the same item, repeat and temperature, with the same "
              "pair's target; medians over items x repeats, spread min–max. transformers' peer runs the heuristic "
              "schedule on the same model objects and is timed against our baseline. Identical: share of greedy runs "

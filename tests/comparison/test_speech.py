@@ -1,5 +1,7 @@
 """Speech inputs: long recordings cut at pauses into windows that both runs go through, the spoken language, and an
 English-only assistant that stops drafting on other speech."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -115,32 +117,44 @@ def test_the_adaptive_schedule_starts_each_run_from_the_costs_the_last_one_measu
 
 def test_a_new_process_starts_from_what_the_last_one_measured_with_models_of_the_cache(speech_pair, tmp_path,
                                                                                       monkeypatch):
-    """`comparison.measured` keeps the adaptive schedule's measurements beside the cache's models: a pair loaded
+    """`comparison.schedule_store` keeps the adaptive schedule's measurements beside the cache's models: a pair loaded
     afresh (a new process) drafts by them from its first step. Not for models outside the cache, not under other
-    facts (another assistant), and a damaged file is ignored."""
-    from assistgen.comparison import measured
+    facts (another assistant, other threads), not when turned off, and a damaged file is ignored."""
+    from assistgen.comparison import schedule_store
     pair, tokenizer = speech_pair
     monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path))
     window = [SpeechWindow(0.0, 20.0, _window(tokenizer, "en"))]
     adaptive = Settings(max_new_tokens=24, schedule="adaptive")
 
-    def fresh():   # the same models, loaded again: nothing measured in memory
-        return check_pair(pair.spec, pair.target, pair.assistant)
-    assert measured.store_path(pair) is None           # in-memory models: nothing kept
-    compare(pair, "asr", window, adaptive)
-    assert not (tmp_path / "schedules").exists() and compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
+    def first_window() -> int:   # the same models loaded again (nothing measured in memory): the first step's window
+        run = compare(check_pair(pair.spec, pair.target, pair.assistant), "asr", window, adaptive)
+        assert run.identical
+        return run.assisted.steps[0].window
+    assert schedule_store.store_path(pair) is None           # in-memory models: nothing kept
+    assert first_window() == 5 and not (tmp_path / "schedules").exists() and first_window() == 5
 
     for name, loaded in (("target", pair.target), ("assistant", pair.assistant)):
         monkeypatch.setattr(loaded.model.config, "_name_or_path", str(tmp_path / "models" / name))
-    first = compare(fresh(), "asr", window, adaptive)
-    assert first.assisted.steps[0].window == 5 and measured.store_path(pair).is_file()
-    again = compare(fresh(), "asr", window, adaptive)
-    assert again.assisted.steps[0].window == 32 and first.identical and again.identical
-    sampled = compare(fresh(), "asr", window, Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8))
+    assert first_window() == 5 and schedule_store.store_path(pair).is_file()
+    assert first_window() == 32
+    sampled = compare(check_pair(pair.spec, pair.target, pair.assistant), "asr", window,
+                      Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8))
     assert sampled.assisted.steps[0].window == 5       # its own calibration: not lent by greedy runs
+    assert first_window() == 32                        # and the greedy one is still kept beside it
 
+    monkeypatch.setenv("ASSISTGEN_SCHEDULE_STORE", "0")
+    assert schedule_store.store_path(pair) is None and first_window() == 5
+    monkeypatch.delenv("ASSISTGEN_SCHEDULE_STORE")
+    with monkeypatch.context() as other:
+        other.setattr(torch, "get_num_threads", lambda: 7)   # measured with other threads: not these costs
+        assert first_window() == 5
     monkeypatch.setattr(pair.assistant.model.config, "_name_or_path", str(tmp_path / "models" / "another"))
-    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
-    measured.store_path(pair).write_text("{not json")
-    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 5
-    assert compare(fresh(), "asr", window, adaptive).assisted.steps[0].window == 32   # rewritten by the run before
+    assert first_window() == 5 and first_window() == 32
+    path = schedule_store.store_path(pair)
+    kept = json.loads(path.read_text())
+    for state in kept["schedules"].values():
+        bins = len(state["calibration"]["seen"])   # under the right facts, but no draft seen in any bin
+        state["calibration"] = {"hits": [0] * bins, "seen": [0] * bins}
+    for damaged in ("{not json", '{"facts": 1, "schedules": []}', "[" * 100000, json.dumps(kept)):
+        path.write_text(damaged)
+        assert first_window() == 5 and first_window() == 32   # ignored, then written afresh

@@ -142,9 +142,15 @@ def test_a_schedule_kept_as_plain_data_lends_what_it_measured_as_itself():
         assert b.verify_count(confidences) == a.verify_count(confidences)
     assert b.calibrated(0.35) == pytest.approx(a.calibrated(0.35)) and a.calibrated(0.35) > 0.8
     state = earlier.to_dict()
-    for broken in ({**state, "costs": {**state["costs"], "assistant_s": -1.0}},
+    costs, calibration = state["costs"], state["calibration"]
+    for broken in ({**state, "costs": {**costs, "assistant_s": -1.0}},
+                   {**state, "costs": {**costs, "plain_s": float("nan")}},
+                   {**state, "costs": {**costs, "verify": {"1": 0.3}}},
+                   {**state, "costs": {**costs, "verify": [0.3, 0.4]}},
+                   {**state, "costs": {**costs, "decay": 1.5}},
                    {**state, "calibration": {"hits": [5.0], "seen": [4.0]}},
-                   {**state, "costs": {**state["costs"], "verify": {"1": 0.3}}}):
+                   {**state, "calibration": {"hits": [0.0] * len(calibration["seen"]), "seen": [0.0] * len(calibration["seen"])}},
+                   {**state, "confident": "yes"}):
         with pytest.raises(ValueError):
             AdaptiveSchedule.from_dict(broken)
     with pytest.raises(KeyError):

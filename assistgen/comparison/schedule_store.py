@@ -1,0 +1,108 @@
+"""What the adaptive schedule measured with a pair (pass costs, calibration), kept in the assistgen cache so that a
+new process starts from it, as a later run in the same process does (`LoadedPair.measured_schedules`).
+
+Kept only for pairs whose models all come from the cache (the offline packs), in one file per pair, with the facts the
+costs depend on: the models' folders, dtypes and devices, whether oneDNN runs the fp32 layers, torch, the CPU (its
+model and instruction set) and the threads. A file written under other facts is not used, and is replaced by the next
+save. A file that cannot be read, parsed or written is ignored: nothing here can fail a run. `ASSISTGEN_SCHEDULE_STORE=0`
+turns the store off (each process starts blind, as before).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from ..engine.schedules import AdaptiveSchedule
+from ..models.loading import LoadedModel, LoadedPair
+from ..models.packs import cache_dir, file_lock
+
+FORMAT_VERSION = 1
+
+
+def _models(pair: LoadedPair) -> list[LoadedModel]:
+    return [pair.target] + ([pair.assistant] if pair.assistant is not None else [])
+
+
+def _folder(loaded: LoadedModel) -> Path | None:
+    name = getattr(getattr(loaded.model, "config", None), "_name_or_path", None)
+    return Path(name).resolve() if name else None
+
+
+def store_path(pair: LoadedPair) -> Path | None:
+    """Where this pair's measurements are kept, or None: the store is off, or a model is not from the cache."""
+    if os.environ.get("ASSISTGEN_SCHEDULE_STORE", "1") == "0":
+        return None
+    root = cache_dir().resolve()
+    folders = [_folder(m) for m in _models(pair)]
+    if any(f is None or not f.is_relative_to(root) for f in folders):
+        return None
+    return root / "schedules" / f"{pair.spec.name}.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _facts(pair: LoadedPair) -> dict:
+    models = [{"folder": str(_folder(m)), "dtype": str(m.model.dtype), "device": str(m.model.device),
+               "quantization": m.spec.quantization} for m in _models(pair)]
+    gpu = torch.cuda.get_device_name(pair.target.model.device) if pair.target.model.device.type == "cuda" else None
+    return {"version": FORMAT_VERSION, "models": models, "onednn": os.environ.get("ASSISTGEN_ONEDNN", "1") != "0",
+            "torch": torch.__version__, "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
+            "gpu": gpu, "threads": torch.get_num_threads()}
+
+
+def _key(key: tuple) -> str:
+    return json.dumps(list(key))
+
+
+def _read(path: Path, facts: dict) -> dict:
+    """The stored schedules' states by key, if the file holds them under these facts; else {}."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    schedules = data.get("schedules") if isinstance(data, dict) and data.get("facts") == facts else None
+    return schedules if isinstance(schedules, dict) else {}
+
+
+def load(pair: LoadedPair, key: tuple) -> AdaptiveSchedule | None:
+    """The schedule last measured with this pair and `key` (draft source and decoding) on this machine, or None."""
+    path = store_path(pair)
+    if path is None:
+        return None
+    state = _read(path, _facts(pair)).get(_key(key))
+    try:
+        schedule = AdaptiveSchedule.from_dict(state)
+    except (AttributeError, KeyError, TypeError, ValueError):   # None, or not what to_dict writes
+        return None
+    return schedule if schedule.costs.known else None
+
+
+def save(pair: LoadedPair, key: tuple, schedule: AdaptiveSchedule) -> bool:
+    """Keep `schedule`'s measurements for this pair and `key`, beside those of its other keys (under a lock, written
+    whole then renamed: a reader never sees half a file); False when not kept."""
+    path = store_path(pair)
+    if path is None or not schedule.costs.known:
+        return False
+    facts = _facts(pair)
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        with file_lock(path.with_name(f"{path.name}.lock")):
+            schedules = {**_read(path, facts), _key(key): schedule.to_dict()}
+            tmp.write_text(json.dumps({"facts": facts, "schedules": schedules}))
+            os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
