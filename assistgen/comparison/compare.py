@@ -236,7 +236,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
             pair.measured_schedules[key] = schedule
-            if not isinstance(inputs, list) or model_inputs is inputs[-1].inputs:
+            if not isinstance(inputs, list) or model_inputs is inputs[-1].inputs:   # once a run: its last window
                 schedule_store.save(pair, key, schedule)
         return result
     if isinstance(inputs, dict):

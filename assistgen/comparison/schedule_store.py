@@ -9,6 +9,7 @@ turns the store off (each process starts blind, as before).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -43,6 +44,7 @@ def store_path(pair: LoadedPair) -> Path | None:
     return root / "schedules" / f"{pair.spec.name}.json"
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -82,9 +84,11 @@ def load(pair: LoadedPair, key: tuple) -> AdaptiveSchedule | None:
     if path is None:
         return None
     state = _read(path, _facts(pair)).get(_key(key))
+    if state is None:
+        return None
     try:
         schedule = AdaptiveSchedule.from_dict(state)
-    except (AttributeError, KeyError, TypeError, ValueError):   # None, or not what to_dict writes
+    except (AttributeError, KeyError, TypeError, ValueError):   # not what to_dict writes
         return None
     return schedule if schedule.costs.known else None
 

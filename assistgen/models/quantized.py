@@ -38,9 +38,11 @@ _QUANTIZED = (".qweight", ".qscale")
 PACK_ROWS = 65536
 
 
-def row_blocks(rows: int) -> int:
-    """How many row blocks a weight of `rows` rows is packed in: as few as keep each within `PACK_ROWS`."""
-    return -(-rows // PACK_ROWS)
+def block_rows(rows: int) -> int:
+    """Rows per block for a weight of `rows` rows: as few blocks as keep each within `PACK_ROWS`, of about equal
+    size."""
+    blocks = -(-rows // PACK_ROWS)
+    return -(-rows // blocks)
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,13 +58,13 @@ def full_range_inputs() -> bool:
 class Int8Linear(nn.Module):
     """``nn.Linear`` with an int8 weight, symmetric with a scale per output row, and its input quantized to 8 bits
     (7 without VNNI: `full_range_inputs`) at each call, by fbgemm's dynamic int8 linear. A weight of more than
-    `PACK_ROWS` rows is packed as row blocks of about equal size (`row_blocks`), outputs concatenated."""
+    `PACK_ROWS` rows is packed as row blocks of about equal size (`block_rows`), outputs concatenated."""
 
     def __init__(self, qweight: torch.Tensor, qscale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         self.reduce_range = not full_range_inputs()
-        block = -(-self.out_features // row_blocks(self.out_features))
+        block = block_rows(self.out_features)
         weights, scales = qweight.split(block), qscale.double().split(block)
         biases = [None] * len(weights) if bias is None else bias.float().split(block)
         self._blocks = [
