@@ -9,6 +9,7 @@ from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPE
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
+from ..models.precision import encoder_dtype
 from . import schedule_store
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language
@@ -129,6 +130,8 @@ class Comparison:
                          "top_p": self.settings.top_p, "num_assistant_tokens": self.settings.num_assistant_tokens,
                          "schedule": self.settings.schedule, "seed": self.settings.seed},
             "dtype": str(self.pair.target.model.dtype).removeprefix("torch."),
+            "encoder_dtype": (None if (encoder := encoder_dtype(self.pair.target.model)) is None
+                              else str(encoder).removeprefix("torch.")),
             "ran_first": "baseline",
             "baseline": run_figures(self.baseline, self.baseline_text),
             "assisted": {**run_figures(self.assisted, self.assisted_text), "steps": steps},
@@ -161,8 +164,12 @@ class Comparison:
 
 
 def target_numerics(pair: LoadedPair) -> str:
-    """The target's dtype, and its quantization when bitsandbytes runs it."""
+    """The target's dtype, its encoder's where that differs (`models.precision`), and its quantization when
+    bitsandbytes runs it."""
     dtype = str(pair.target.model.dtype).removeprefix("torch.")
+    encoder = encoder_dtype(pair.target.model)
+    if encoder is not None:
+        dtype += f", encoder {str(encoder).removeprefix('torch.')}"
     quantization = pair.target.spec.quantization
     return f"{dtype}, bitsandbytes {quantization}" if quantization in ("int8", "4bit") else dtype
 

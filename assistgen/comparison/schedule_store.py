@@ -20,6 +20,7 @@ import torch
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedModel, LoadedPair
 from ..models.packs import cache_dir, file_lock
+from ..models.precision import encoder_dtype
 
 FORMAT_VERSION = 1
 
@@ -57,7 +58,8 @@ def _cpu_model() -> str:
 
 def _facts(pair: LoadedPair) -> dict:
     models = [{"folder": str(_folder(m)), "dtype": str(m.model.dtype), "device": str(m.model.device),
-               "quantization": m.spec.quantization} for m in _models(pair)]
+               "quantization": m.spec.quantization, "encoder_dtype": str(encoder_dtype(m.model))}
+              for m in _models(pair)]
     gpu = torch.cuda.get_device_name(pair.target.model.device) if pair.target.model.device.type == "cuda" else None
     return {"version": FORMAT_VERSION, "models": models, "onednn": os.environ.get("ASSISTGEN_ONEDNN", "1") != "0",
             "torch": torch.__version__, "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),

@@ -16,6 +16,7 @@ PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
 SOURCES = ("pack", "hub", "local", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
+ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU computes it natively, else the model's own dtype
 PACK_FORMATS = ("gguf", "ct2_whisper")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "models.yaml"
 
@@ -43,6 +44,7 @@ class ModelSpec:
     offload_folder: str | None = None              # in the assistgen cache: where weights over the cap go
     eos_token_ids: tuple[int, ...] = ()
     decoder_only: bool = False      # load only the decoder (a distil-Whisper assistant sharing the target's encoder)
+    encoder_dtype: str | None = None   # an encoder-decoder's encoder in bfloat16 on a CPU that computes it natively
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     where = _Where(path, f"model {name!r}")
     raw = where.mapping(raw)
     where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "max_memory", "offload_folder",
-                                           "eos_token_ids", "decoder_only"})
+                                           "eos_token_ids", "decoder_only", "encoder_dtype"})
     sources = [s for s in SOURCES if s in raw]
     if len(sources) != 1:
         raise where.error(None, f"needs exactly one source key out of {', '.join(SOURCES)}; found {sources or 'none'}")
@@ -170,13 +172,17 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     eos = where.get(raw, "eos_token_ids", list, default=[])
     if not all(isinstance(e, int) and e >= 0 for e in eos):
         raise where.error("eos_token_ids", f"expected a list of token ids, got {eos!r}")
+    encoder_dtype = where.get(raw, "encoder_dtype", str, default=None, choices=ENCODER_DTYPES)
+    if encoder_dtype and raw.get("decoder_only"):
+        raise where.error("encoder_dtype", "a decoder_only model has no encoder to run in another dtype")
     return ModelSpec(name=name, source=source, location=location,
                      dtype=where.get(raw, "dtype", str, default="auto", choices=DTYPES),
                      quantization=where.get(raw, "quantization", str, default="none", choices=QUANTIZATIONS),
                      device_map=where.get(raw, "device_map", str, default=None),
                      max_memory=tuple((str(device), size) for device, size in max_memory.items()),
                      offload_folder=where.get(raw, "offload_folder", str, default=None),
-                     eos_token_ids=tuple(eos), decoder_only=where.get(raw, "decoder_only", bool, default=False))
+                     eos_token_ids=tuple(eos), decoder_only=where.get(raw, "decoder_only", bool, default=False),
+                     encoder_dtype=encoder_dtype)
 
 
 def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> PairSpec:

@@ -28,7 +28,7 @@ import torch
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
-                                  time_breakdown, warm_up)
+                                  target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
@@ -383,6 +383,7 @@ def run(args: argparse.Namespace) -> int:
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "dtype": str(first.target.model.dtype).removeprefix("torch."),
+            "target_numerics": {p.spec.name: target_numerics(p) for p in pairs},
             "max_new_tokens": args.max_new_tokens or {spec.name: spec.max_new_tokens for spec in specs},
             "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
             "items": {i.name: i.text or i.audio for i in items},

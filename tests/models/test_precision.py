@@ -1,0 +1,136 @@
+"""`encoder_dtype: bfloat16`: a Whisper target's encoder computes its products and attention in bfloat16 while its
+norms, residual stream and output stay in float32, the decoder is untouched, assisted output stays identical to the
+baseline's, and the option applies only where the CPU computes bfloat16 natively."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+import helpers as tm
+from assistgen.comparison.compare import target_numerics
+from assistgen.engine.decoding import generate
+from assistgen.models import packed, precision
+from assistgen.models.catalog import CatalogError, load_catalog
+from assistgen.models.cpu import OneDNNLinear, use_onednn_linears
+from assistgen.models.loading import LoadError, load_model
+
+
+def _encode(model, features):
+    with torch.inference_mode():
+        return model.get_encoder()(features).last_hidden_state
+
+
+def test_the_encoder_is_lowered_and_the_decoder_is_not():
+    model = tm.whisper(0).eval()
+    features = tm.whisper_inputs(1)["input_features"]
+    before = _encode(model, features)
+    names = [name for name, _ in model.named_parameters()]
+    decoder = {name: p.clone() for name, p in model.model.decoder.named_parameters()}
+    assert precision.encoder_dtype(model) is None
+
+    assert precision.lower_encoder(model, torch.bfloat16) == 6 * len(model.model.encoder.layers)   # q k v o, fc1 fc2
+    assert precision.encoder_dtype(model) == torch.bfloat16
+    assert [name for name, _ in model.named_parameters()] == names        # stored weights still find their layers
+    assert model.dtype == torch.float32                                  # what the rest of the code reads
+    encoder = model.model.encoder
+    assert all(type(m) is not nn.Linear for m in encoder.modules())
+    assert encoder.conv1.weight.dtype == encoder.layer_norm.weight.dtype == torch.float32
+    assert encoder.layers[0].self_attn.config._attn_implementation == precision.ATTENTION
+    assert all(type(m) is nn.Linear and m.weight.dtype == torch.float32
+               for m in model.model.decoder.modules() if isinstance(m, nn.Linear))
+    assert model.model.decoder.layers[0].self_attn.config._attn_implementation != precision.ATTENTION
+    assert all(torch.equal(p, decoder[name]) for name, p in model.model.decoder.named_parameters())
+
+    after = _encode(model, features)
+    assert after.dtype == torch.float32
+    assert not torch.equal(after, before)                                 # it did compute in bfloat16
+    assert torch.allclose(after, before, atol=0.05 * before.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 20])
+def test_row_block_attention_is_attention(monkeypatch, rows):
+    monkeypatch.setattr(precision, "ROW_BLOCK", 3)   # blocks of 3 rows: a last block cut short, or a single one
+    g = torch.Generator().manual_seed(rows)
+    query, key, value = (torch.randn(2, 4, n, 8, generator=g) for n in (rows, 11, 11))
+    module = nn.Module().eval()
+    module.is_causal = False   # as a Whisper encoder's attention
+    for scaling in (1.0, 0.25):
+        ours, weights = precision.row_block_attention(module, query, key, value, None, scaling=scaling)
+        reference, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling)
+        assert weights is None and ours.shape == reference.shape == (2, rows, 4, 8)
+        assert torch.allclose(ours, reference, atol=1e-5)
+    mask = torch.zeros(2, 1, rows, 11)
+    mask[..., -2:] = -float("inf")
+    masked, _ = precision.row_block_attention(module, query, key, value, mask, scaling=1.0)
+    assert torch.allclose(masked, sdpa_attention_forward(module, query, key, value, mask, scaling=1.0)[0], atol=1e-5)
+    module.is_causal = True
+    causal, _ = precision.row_block_attention(module, query, key, value, None, scaling=1.0)
+    assert torch.allclose(causal, sdpa_attention_forward(module, query, key, value, None, scaling=1.0)[0], atol=1e-5)
+
+
+def test_assisted_output_stays_identical_with_a_lowered_target():
+    target = tm.whisper(0).eval()
+    precision.lower_encoder(target, torch.bfloat16)
+    assistant = tm.perturbed(tm.whisper(0).eval(), 0.05, seed=5)   # agrees often, reading its own float32 encoder
+    passes = {"baseline": 0, "assisted": 0}
+    for seed in range(4):
+        inputs = tm.whisper_inputs(seed)
+        baseline = generate(target, inputs, max_new_tokens=24)
+        assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=24)
+        assert assisted.new_tokens == baseline.new_tokens and len(baseline.new_tokens) == 24
+        passes["baseline"] += baseline.target_passes
+        passes["assisted"] += assisted.target_passes
+    assert passes["assisted"] < passes["baseline"]   # its drafts were accepted: the check did verify some
+
+
+@pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
+def test_a_store_packed_before_lowering_leaves_the_lowered_layers_alone(tmp_path):
+    packed_model = tm.whisper(0).eval()
+    count = use_onednn_linears(packed_model)
+    assert packed.store(packed_model, tmp_path, {"made from": "whisper seed 0"}) == count
+    model = tm.whisper(0).eval()
+    lowered = precision.lower_encoder(model, torch.bfloat16)
+    assert packed.use_stored(model, tmp_path) == count - lowered
+    assert precision.encoder_dtype(model) == torch.bfloat16
+    assert not any(isinstance(m, OneDNNLinear) for m in model.model.encoder.modules())
+
+
+def _catalog(tmp_path, entry: str):
+    root = tmp_path / "models"
+    tm.build_tiny_catalog(root)
+    path = root / "models.yaml"
+    path.write_text(path.read_text().replace(
+        f"tiny-speech-target: {{local: {root / 'speech-target'}, dtype: float32}}",
+        f"tiny-speech-target: {{local: {root / 'speech-target'}, dtype: float32{entry}}}"))
+    return load_catalog(path)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_loading_lowers_the_encoder_only_where_the_cpu_computes_bfloat16(tmp_path, monkeypatch, native):
+    catalog = _catalog(tmp_path, ", encoder_dtype: bfloat16")
+    spec = catalog.models["tiny-speech-target"]
+    assert spec.encoder_dtype == "bfloat16"
+    monkeypatch.setattr(precision, "native_bfloat16", lambda: native)
+    loaded = load_model(spec, catalog, device=torch.device("cpu"))
+    assert precision.encoder_dtype(loaded.model) == (torch.bfloat16 if native else None)
+    pair = dataclasses.make_dataclass("P", ["target"])(loaded)
+    assert target_numerics(pair) == ("float32, encoder bfloat16" if native else "float32")
+
+
+def test_encoder_dtype_on_a_model_without_an_encoder_says_what_to_do(tmp_path):
+    catalog = _catalog(tmp_path, "")
+    spec = dataclasses.replace(catalog.models["tiny-text-target"], encoder_dtype="bfloat16")
+    with pytest.raises(LoadError, match="has no encoder, so remove encoder_dtype"):
+        load_model(spec, catalog, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("entry,message", [
+    (", encoder_dtype: float16", "is not one of bfloat16"),
+    (", encoder_dtype: bfloat16, decoder_only: true", "decoder_only model has no encoder"),
+])
+def test_the_catalog_refuses_an_encoder_dtype_it_cannot_apply(tmp_path, entry, message):
+    with pytest.raises(CatalogError, match=message):
+        _catalog(tmp_path, entry)
