@@ -9,7 +9,7 @@ from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPE
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
-from ..models.precision import encoder_dtype
+from ..models.precision import dtype_name, encoder_dtype
 from . import schedule_store
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language
@@ -129,9 +129,8 @@ class Comparison:
             "settings": {"max_new_tokens": self.settings.max_new_tokens, "temperature": self.settings.temperature,
                          "top_p": self.settings.top_p, "num_assistant_tokens": self.settings.num_assistant_tokens,
                          "schedule": self.settings.schedule, "seed": self.settings.seed},
-            "dtype": str(self.pair.target.model.dtype).removeprefix("torch."),
-            "encoder_dtype": (None if (encoder := encoder_dtype(self.pair.target.model)) is None
-                              else str(encoder).removeprefix("torch.")),
+            "dtype": dtype_name(self.pair.target.model.dtype),
+            "encoder_dtype": dtype_name(encoder_dtype(self.pair.target.model)),
             "ran_first": "baseline",
             "baseline": run_figures(self.baseline, self.baseline_text),
             "assisted": {**run_figures(self.assisted, self.assisted_text), "steps": steps},
@@ -166,10 +165,10 @@ class Comparison:
 def target_numerics(pair: LoadedPair) -> str:
     """The target's dtype, its encoder's where that differs (`models.precision`), and its quantization when
     bitsandbytes runs it."""
-    dtype = str(pair.target.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(pair.target.model.dtype)
     encoder = encoder_dtype(pair.target.model)
     if encoder is not None:
-        dtype += f", encoder {str(encoder).removeprefix('torch.')}"
+        dtype += f", encoder {dtype_name(encoder)}"
     quantization = pair.target.spec.quantization
     return f"{dtype}, bitsandbytes {quantization}" if quantization in ("int8", "4bit") else dtype
 
@@ -178,7 +177,7 @@ def rounding_caveat(pair: LoadedPair) -> str | None:
     """Why greedy assisted output may differ from the baseline with this target, or None where it is exact in
     practice (float32: a verification pass and one-token steps compute each position's logits alike, to the last
     few bits, which only an exact tie could turn)."""
-    dtype = str(pair.target.model.dtype).removeprefix("torch.")
+    dtype = dtype_name(pair.target.model.dtype)
     if pair.target.spec.quantization in ("int8", "4bit"):
         return ("bitsandbytes quantizes activations as each pass runs, so a pass over several tokens can round a "
                 "near-tie differently from one-token steps, and the two outputs may then differ")

@@ -16,7 +16,7 @@ PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
 SOURCES = ("pack", "hub", "local", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
-ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU computes it natively, else the model's own dtype
+ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU multiplies it in hardware, else the model's dtype
 PACK_FORMATS = ("gguf", "ct2_whisper")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "models.yaml"
 
@@ -175,6 +175,9 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     encoder_dtype = where.get(raw, "encoder_dtype", str, default=None, choices=ENCODER_DTYPES)
     if encoder_dtype and raw.get("decoder_only"):
         raise where.error("encoder_dtype", "a decoder_only model has no encoder to run in another dtype")
+    if encoder_dtype and (raw.get("quantization", "none") != "none" or raw.get("device_map")):
+        raise where.error("encoder_dtype", "applies to a float model wholly in memory: not with quantization or "
+                                           "device_map")
     return ModelSpec(name=name, source=source, location=location,
                      dtype=where.get(raw, "dtype", str, default="auto", choices=DTYPES),
                      quantization=where.get(raw, "quantization", str, default="none", choices=QUANTIZATIONS),

@@ -59,6 +59,15 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available()
 
 
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX tiles), where oneDNN's bfloat16 products
+    run at twice its float32 rate; without it they are emulated, and slower."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 @functools.lru_cache(maxsize=1)
 def _libtorch():
     """libtorch_cpu's C functions that wrap memory as a oneDNN tensor (the ones AOTInductor's compiled models use

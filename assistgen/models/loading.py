@@ -249,12 +249,9 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         folder = weights_folder(spec, catalog, device, dtype, progress)
         progress(0.8, f"{spec.name}: loading weights")
         model, tokenizer, processor = _model_and_tokenizer(spec, folder, device, dtype, progress)
-        if spec.encoder_dtype:
-            if not model.config.is_encoder_decoder:
-                raise LoadError(f"{spec.name}: encoder_dtype applies to an encoder-decoder model (Whisper, T5); this "
-                                "one has no encoder, so remove encoder_dtype from its entry in models.yaml")
-            if precision.applies(model, device):   # before packing: the lowered layers stay out of oneDNN's fp32 layout
-                precision.lower_encoder(model, torch_dtype(spec.encoder_dtype, device))
+        refusal = precision.apply_encoder_dtype(spec, model, device)   # before packing: a cast layer stays unpacked
+        if refusal:
+            raise LoadError(refusal)
         params, nbytes = _count(model)
         onednn = dtype == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"
         if device.type == "cpu" and spec.quantization == "none":

@@ -71,11 +71,18 @@ def _stored(meta: dict) -> str:
             f"{', '.join(stored) or 'none'} (`comparison.schedule_store`).\n")
 
 
+def _numerics(meta: dict) -> str:
+    """The targets' numerics ("float32, encoder bfloat16"), or the first target's dtype in results made before
+    bench recorded them."""
+    numerics = set((meta.get("target_numerics") or {}).values())
+    return "; ".join(sorted(numerics)) if numerics else meta["dtype"]
+
+
 def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
     pairs = meta["pairs"]
     lines = [f"# assistgen bench: {', '.join(pairs)}", "",
              f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
-             f"threads; {meta['dtype']}; max_new_tokens {_budget(meta['max_new_tokens'])}; {meta['repeats']} repeat(s); "
+             f"threads; {_numerics(meta)}; max_new_tokens {_budget(meta['max_new_tokens'])}; {meta['repeats']} repeat(s); "
              f"{meta['date']}.", "", f"Command: `{meta['command']}`", "", _stored(meta),
              "Speedup = baseline latency / assisted latency of the same item, repeat and temperature, with the same "
              "pair's target; medians over items x repeats, spread min–max. transformers' peer runs the heuristic "

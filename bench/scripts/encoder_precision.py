@@ -1,11 +1,12 @@
 """The speech default with its target's encoder in bfloat16 (`encoder_dtype: bfloat16`, models/precision.py) against
-the same pair with the encoder in float32: both columns' latency, the speedup, and whether the transcript changes.
+the same pair with the encoder in float32: both columns' latency and setup (the encoder's part), the speedup, and
+whether the transcript changes.
 
     .venv/bin/python -m bench.scripts.encoder_precision [--repeats 3] [--sets speech-real speech-long ...] [--out DIR]
 
 Both variants are loaded in one process (the same int8 assistant) and run clip by clip, interleaved (their order
 alternates from repeat to repeat), each as `compare` runs it: the baseline, then the assisted run, at the pair's
-defaults. Prints and writes (DIR/results.json, DIR/summary.md) per clip: the medians of both variants' speedups and
+defaults, with the schedule store off (`ASSISTGEN_SCHEDULE_STORE=0`: the two variants' facts differ). Prints and writes (DIR/results.json, DIR/summary.md) per clip: the medians of both variants' speedups and
 latencies, whether each variant's assisted transcript equals its baseline's, whether the two variants' transcripts
 are the same, and the word error rate against the reference text where the set has one.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -59,6 +61,8 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", default=["speech-real", "speech-long", "speech", "speech-other"])
     parser.add_argument("--out", default="bench/results/whisper-bf16-encoder")
     args = parser.parse_args()
+    # the two variants share a pair name but not their facts: kept schedules would overwrite each other's
+    os.environ["ASSISTGEN_SCHEDULE_STORE"] = "0"
     catalog = load_catalog()
     spec = catalog.pair(args.pair)
     if spec.target.encoder_dtype is None:
@@ -97,6 +101,9 @@ def main() -> None:
                     "language": inputs[name][0], "tokens": len(baseline.new_tokens),
                     "baseline_s": round(statistics.median(b.latency_s for b, _ in measured), 3),
                     "assisted_s": round(statistics.median(a.latency_s for _, a in measured), 3),
+                    # setup: the encoder (each window's) and the caches, the same work in both runs
+                    "baseline_setup_s": round(statistics.median(b.setup_s for b, _ in measured), 3),
+                    "assisted_setup_s": round(statistics.median(a.setup_s for _, a in measured), 3),
                     "speedup": round(statistics.median(b.latency_s / a.latency_s for b, a in measured), 3),
                     "speedups": [round(b.latency_s / a.latency_s, 3) for b, a in measured],
                     "target_passes": statistics.median(a.target_passes for _, a in measured),

@@ -158,3 +158,19 @@ def test_a_new_process_starts_from_what_the_last_one_measured_with_models_of_the
     for damaged in ("{not json", '{"facts": 1, "schedules": []}', "[" * 100000, json.dumps(kept)):
         path.write_text(damaged)
         assert first_window() == 5 and first_window() == 32   # ignored, then written afresh
+    cast = {pair.target.model: torch.bfloat16}   # the target's encoder cast to bfloat16 (models.precision)
+    monkeypatch.setattr(schedule_store, "encoder_dtype", lambda model: cast.get(model))
+    assert first_window() == 5 and first_window() == 32   # measured with the float32 encoder: not these facts
+
+
+def test_a_target_whose_encoder_runs_in_bfloat16_says_so_and_stays_identical(speech_pair):
+    from assistgen.models import precision
+    pair, tokenizer = speech_pair
+    plain = compare(pair, "asr", _window(tokenizer, "en"), Settings(max_new_tokens=12)).to_dict()
+    assert plain["encoder_dtype"] is None and plain["identical_note"].endswith("(float32)")
+    precision.cast_encoder(pair.target.model, torch.bfloat16)
+    result = compare(pair, "asr", _window(tokenizer, "en"), Settings(max_new_tokens=12))
+    data = result.to_dict()
+    assert result.identical and data["dtype"] == "float32" and data["encoder_dtype"] == "bfloat16"
+    assert data["identical_note"] == "identical to baseline, token for token (float32, encoder bfloat16)"
+    assert data["assisted"]["new_tokens"] == 12 and data["assisted"]["target_passes"] < 12

@@ -23,7 +23,7 @@ def _encode(model, features):
         return model.get_encoder()(features).last_hidden_state
 
 
-def test_the_encoder_is_lowered_and_the_decoder_is_not():
+def test_the_encoder_is_cast_and_the_decoder_is_not():
     model = tm.whisper(0).eval()
     features = tm.whisper_inputs(1)["input_features"]
     before = _encode(model, features)
@@ -31,7 +31,7 @@ def test_the_encoder_is_lowered_and_the_decoder_is_not():
     decoder = {name: p.clone() for name, p in model.model.decoder.named_parameters()}
     assert precision.encoder_dtype(model) is None
 
-    assert precision.lower_encoder(model, torch.bfloat16) == 6 * len(model.model.encoder.layers)   # q k v o, fc1 fc2
+    assert precision.cast_encoder(model, torch.bfloat16) == 6 * len(model.model.encoder.layers)   # q k v o, fc1 fc2
     assert precision.encoder_dtype(model) == torch.bfloat16
     assert [name for name, _ in model.named_parameters()] == names        # stored weights still find their layers
     assert model.dtype == torch.float32                                  # what the rest of the code reads
@@ -57,11 +57,15 @@ def test_row_block_attention_is_attention(monkeypatch, rows):
     query, key, value = (torch.randn(2, 4, n, 8, generator=g) for n in (rows, 11, 11))
     module = nn.Module().eval()
     module.is_causal = False   # as a Whisper encoder's attention
-    for scaling in (1.0, 0.25):
+    for scaling in (1.0, 0.25, None):   # None: the interface's default, 1/sqrt(head_dim)
         ours, weights = precision.row_block_attention(module, query, key, value, None, scaling=scaling)
         reference, _ = sdpa_attention_forward(module, query, key, value, None, scaling=scaling)
         assert weights is None and ours.shape == reference.shape == (2, rows, 4, 8)
         assert torch.allclose(ours, reference, atol=1e-5)
+    low = [t.to(torch.bfloat16) for t in (query, key, value)]   # as it runs in the cast encoder
+    ours, _ = precision.row_block_attention(module, *low, None, scaling=1.0)
+    reference, _ = sdpa_attention_forward(module, *[t.float() for t in low], None, scaling=1.0)
+    assert ours.dtype == torch.bfloat16 and torch.allclose(ours.float(), reference, atol=0.03)
     mask = torch.zeros(2, 1, rows, 11)
     mask[..., -2:] = -float("inf")
     masked, _ = precision.row_block_attention(module, query, key, value, mask, scaling=1.0)
@@ -73,7 +77,7 @@ def test_row_block_attention_is_attention(monkeypatch, rows):
 
 def test_assisted_output_stays_identical_with_a_lowered_target():
     target = tm.whisper(0).eval()
-    precision.lower_encoder(target, torch.bfloat16)
+    precision.cast_encoder(target, torch.bfloat16)
     assistant = tm.perturbed(tm.whisper(0).eval(), 0.05, seed=5)   # agrees often, reading its own float32 encoder
     passes = {"baseline": 0, "assisted": 0}
     for seed in range(4):
@@ -87,12 +91,28 @@ def test_assisted_output_stays_identical_with_a_lowered_target():
 
 
 @pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
-def test_a_store_packed_before_lowering_leaves_the_lowered_layers_alone(tmp_path):
+def test_a_store_packed_from_a_cast_model_maps_back_onto_one(tmp_path):
+    """A fresh cache: `prepare` stores the packed layers of the model as loaded, its encoder already cast."""
+    cast = tm.whisper(0).eval()
+    lowered = precision.cast_encoder(cast, torch.bfloat16)
+    count = use_onednn_linears(cast)
+    assert count == sum(isinstance(m, nn.Linear) for m in tm.whisper(0).modules()) - lowered
+    assert packed.store(cast, tmp_path, {"made from": "whisper seed 0"}) == count
+    model = tm.whisper(0).eval()
+    precision.cast_encoder(model, torch.bfloat16)
+    assert packed.use_stored(model, tmp_path) == count
+    features = tm.whisper_inputs(1)
+    with torch.inference_mode():
+        assert torch.equal(model(**features).logits, cast(**features).logits)
+
+
+@pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
+def test_a_store_packed_before_casting_leaves_the_cast_layers_alone(tmp_path):
     packed_model = tm.whisper(0).eval()
     count = use_onednn_linears(packed_model)
     assert packed.store(packed_model, tmp_path, {"made from": "whisper seed 0"}) == count
     model = tm.whisper(0).eval()
-    lowered = precision.lower_encoder(model, torch.bfloat16)
+    lowered = precision.cast_encoder(model, torch.bfloat16)
     assert packed.use_stored(model, tmp_path) == count - lowered
     assert precision.encoder_dtype(model) == torch.bfloat16
     assert not any(isinstance(m, OneDNNLinear) for m in model.model.encoder.modules())
@@ -108,6 +128,19 @@ def _catalog(tmp_path, entry: str):
     return load_catalog(path)
 
 
+def test_the_encoder_is_cast_only_on_a_cpu_for_a_float32_model_wholly_in_memory(monkeypatch):
+    monkeypatch.setattr(precision, "native_bfloat16", lambda: True)
+    model = tm.whisper(0)
+    cpu = torch.device("cpu")
+    assert precision.lowers_here(model, cpu)
+    assert not precision.lowers_here(model, torch.device("cuda"))       # a GPU: the model's dtype says its precision
+    assert not precision.lowers_here(tm.whisper(0).to(torch.bfloat16), cpu)
+    model.hf_device_map = {"model.encoder": "cpu", "model.decoder": "disk"}
+    assert not precision.lowers_here(model, cpu)                          # accelerate's hooks hold its layers
+    monkeypatch.setattr(precision, "native_bfloat16", lambda: False)      # emulated bfloat16: slower than float32
+    assert not precision.lowers_here(tm.whisper(0), cpu)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_loading_lowers_the_encoder_only_where_the_cpu_computes_bfloat16(tmp_path, monkeypatch, native):
     catalog = _catalog(tmp_path, ", encoder_dtype: bfloat16")
@@ -120,16 +153,21 @@ def test_loading_lowers_the_encoder_only_where_the_cpu_computes_bfloat16(tmp_pat
     assert target_numerics(pair) == ("float32, encoder bfloat16" if native else "float32")
 
 
-def test_encoder_dtype_on_a_model_without_an_encoder_says_what_to_do(tmp_path):
+def test_encoder_dtype_on_a_model_other_than_whisper_says_what_to_do(tmp_path):
     catalog = _catalog(tmp_path, "")
     spec = dataclasses.replace(catalog.models["tiny-text-target"], encoder_dtype="bfloat16")
-    with pytest.raises(LoadError, match="has no encoder, so remove encoder_dtype"):
+    with pytest.raises(LoadError, match="applies to a Whisper model with its encoder; this one is qwen2, so remove"):
         load_model(spec, catalog, device=torch.device("cpu"))
+    t5 = tm.t5(0)   # an encoder-decoder, but not one whose encoder this was measured on
+    assert "this one is t5" in precision.apply_encoder_dtype(spec, t5, torch.device("cpu"))
+    assert precision.encoder_dtype(t5) is None
 
 
 @pytest.mark.parametrize("entry,message", [
     (", encoder_dtype: float16", "is not one of bfloat16"),
     (", encoder_dtype: bfloat16, decoder_only: true", "decoder_only model has no encoder"),
+    (", encoder_dtype: bfloat16, quantization: dynamic_int8", "not with quantization or device_map"),
+    (", encoder_dtype: bfloat16, device_map: auto", "not with quantization or device_map"),
 ])
 def test_the_catalog_refuses_an_encoder_dtype_it_cannot_apply(tmp_path, entry, message):
     with pytest.raises(CatalogError, match=message):
