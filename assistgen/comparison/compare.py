@@ -9,7 +9,8 @@ from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPE
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
-from ..models.precision import dtype_name, encoder_dtype
+from ..models.devices import dtype_name
+from ..models.precision import encoder_dtype
 from . import schedule_store
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language

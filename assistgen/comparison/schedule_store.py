@@ -57,11 +57,13 @@ def _cpu_model() -> str:
 
 
 def _facts(pair: LoadedPair) -> dict:
-    models = [{"folder": str(_folder(m)), "dtype": str(m.model.dtype), "device": str(m.model.device),
-               "quantization": m.spec.quantization} for m in _models(pair)]
-    for facts, m in zip(models, _models(pair)):
-        if encoder_dtype(m.model) is not None:   # only where it is cast: other pairs' stored schedules stay valid
-            facts["encoder_dtype"] = str(encoder_dtype(m.model))
+    models = []
+    for m in _models(pair):
+        facts = {"folder": str(_folder(m)), "dtype": str(m.model.dtype), "device": str(m.model.device),
+                 "quantization": m.spec.quantization}
+        if (encoder := encoder_dtype(m.model)) is not None:   # only where cast: other pairs' stored schedules hold
+            facts["encoder_dtype"] = str(encoder)
+        models.append(facts)
     gpu = torch.cuda.get_device_name(pair.target.model.device) if pair.target.model.device.type == "cuda" else None
     return {"version": FORMAT_VERSION, "models": models, "onednn": os.environ.get("ASSISTGEN_ONEDNN", "1") != "0",
             "torch": torch.__version__, "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),

@@ -108,7 +108,7 @@ def use_stored(model: nn.Module, out_dir: Path) -> int:
         parent_name, _, child_name = name.rpartition(".")
         child = getattr(model.get_submodule(parent_name), child_name)
         if isinstance(child, nn.Linear) and child.weight.dtype != torch.float32:
-            continue   # the model keeps this layer in another precision (`precision.lower_encoder`): not packed
+            continue   # the model keeps this layer in another precision (`precision.cast_encoder`): not packed
         if type(child) is not nn.Linear or list(child.weight.shape) != entry["shape"]:
             raise ValueError(f"packed store does not fit the model at {name}")
         backing = data[entry["offset"]:entry["offset"] + entry["nbytes"]]

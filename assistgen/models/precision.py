@@ -68,15 +68,15 @@ AttentionInterface.register(ATTENTION, row_block_attention)
 
 def encoder_dtype_refusal(spec: ModelSpec, model: nn.Module) -> str | None:
     """Why `spec.encoder_dtype` cannot apply to this model at all (a LoadError's message), or None."""
-    if getattr(model.config, "model_type", None) != "whisper" or not model.config.is_encoder_decoder:
-        return (f"{spec.name}: encoder_dtype applies to a Whisper model with its encoder; this one is "
-                f"{getattr(model.config, 'model_type', 'another kind')}, so remove encoder_dtype from its entry in "
-                "models.yaml")
+    model_type = getattr(model.config, "model_type", None) or "another kind"
+    if model_type != "whisper" or not model.config.is_encoder_decoder:
+        return (f"{spec.name}: encoder_dtype applies to a Whisper model with its encoder; this one is {model_type}, "
+                "so remove encoder_dtype from its entry in models.yaml")
     return None
 
 
 def lowers_here(model: nn.Module, device: torch.device) -> bool:
-    """Whether the encoder is lowered on this machine: a float32 model wholly in memory on a CPU that multiplies
+    """Whether the encoder is cast on this machine: a float32 model wholly in memory on a CPU that multiplies
     bfloat16 in hardware. Elsewhere it is left as it is (on a GPU a model's dtype says its precision; emulated
     bfloat16 is slower than float32). The catalog already refuses it with quantization or a device map."""
     return (device.type == "cpu" and next(model.parameters()).dtype == torch.float32
@@ -110,7 +110,7 @@ def cast_encoder(model: nn.Module, dtype: torch.dtype) -> int:
 
 def apply_encoder_dtype(spec: ModelSpec, model: nn.Module, device: torch.device) -> str | None:
     """What `encoder_dtype` in the model's catalog entry does at load: nothing when unset; the encoder cast where
-    it lowers here (`lowers_here`); a LoadError's message, returned, when it cannot apply to this kind of model."""
+    applies here (`lowers_here`); a LoadError's message, returned, when it cannot apply to this kind of model."""
     if not spec.encoder_dtype:
         return None
     refusal = encoder_dtype_refusal(spec, model)
@@ -128,7 +128,3 @@ def encoder_dtype(model) -> torch.dtype | None:
             return module.weight.dtype
     return None
 
-
-def dtype_name(dtype: torch.dtype | None) -> str | None:
-    """"float32" for torch.float32; None for None."""
-    return None if dtype is None else str(dtype).removeprefix("torch.")

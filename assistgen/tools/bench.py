@@ -32,6 +32,7 @@ from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, 
 from ..comparison import schedule_store
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
+from ..models.devices import dtype_name
 from ..models.loading import offloaded
 from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
@@ -382,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
-            "dtype": str(first.target.model.dtype).removeprefix("torch."),
+            "dtype": dtype_name(first.target.model.dtype),
             "target_numerics": {p.spec.name: target_numerics(p) for p in pairs},
             "max_new_tokens": args.max_new_tokens or {spec.name: spec.max_new_tokens for spec in specs},
             "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
