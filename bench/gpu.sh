@@ -8,6 +8,6 @@ PY=${PYTHON:-.venv/bin/python}
 $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 # The engine against transformers on tiny random models, greedy identity and exact sampling, on the GPU
-ASSISTGEN_TEST_DEVICE=cuda timeout 300 $PY -m pytest -q tests/engine -p no:cacheprovider || echo "engine tests on CUDA: FAILED (see above)"
+ASSISTGEN_TEST_DEVICE=cuda timeout 240 $PY -m pytest -q tests/engine -p no:cacheprovider || echo "engine tests on CUDA: FAILED (see above)"
 # verify(k) and assistant passes in fp16 for the hub pairs' real sizes; predicted speedups from the CPU's traces
-timeout 420 $PY -m bench.scripts.gpu_costs --device cuda --dtype float16 --out bench/results/gpu
+timeout 300 $PY -m bench.scripts.gpu_costs --device cuda --dtype float16 --out bench/results/gpu

@@ -3,9 +3,9 @@ values), and the speedup they predict with the acceptance recorded on this proje
 
     .venv/bin/python -m bench.scripts.gpu_costs [--device cuda] [--dtype float16] [--out bench/results/gpu]
 
-For each pair of the catalog that a GPU Space would serve (Qwen2.5 1.5B + 0.5B, Whisper large-v3 + distil-large-v3's
-decoder, OPT-6.7B + 125M), it times verify(k), one target pass over k rows after a 100-token prompt (the device
-synchronized before each timer is read), and one assistant pass; then replays the greedy acceptance traces of
+For each pair of the catalog that a Space would serve (Qwen2.5 1.5B and 7B + 0.5B, Whisper large-v3 + distil-large-v3's
+decoder, Whisper small.en + distil-small.en's decoder, OPT-6.7B + 125M), it times verify(k), one target pass over k
+rows after a 100-token prompt (the device synchronized before each timer is read), and one assistant pass; then replays the greedy acceptance traces of
 bench/inputs/acceptance_traces.json (the Qwen pair's, recorded on the CPU: code, chat, translation) under the
 heuristic and adaptive schedules, priced with these costs. `bench/gpu.sh` runs it after the engine's tests on the
 device. `--small` shrinks every model to a few layers, to check the script itself on a CPU.
@@ -32,6 +32,8 @@ QWEN = dict(model_type="qwen2", vocab_size=151936, rms_norm_eps=1e-6, rope_theta
 CONFIGS = {
     "Qwen2.5-1.5B": dict(QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2),
+    "Qwen2.5-7B": dict(QWEN, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "Qwen2.5-0.5B": dict(QWEN, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2),
     "whisper-large-v3": dict(model_type="whisper", vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32,
@@ -42,12 +44,21 @@ CONFIGS = {
                                     encoder_layers=32, decoder_layers=2, encoder_attention_heads=20,
                                     decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120,
                                     max_source_positions=1500, max_target_positions=448, is_encoder_decoder=False),
+    "whisper-small.en": dict(model_type="whisper", vocab_size=51864, num_mel_bins=80, d_model=768, encoder_layers=12,
+                             decoder_layers=12, encoder_attention_heads=12, decoder_attention_heads=12,
+                             encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_source_positions=1500,
+                             max_target_positions=448),
+    "distil-small.en decoder": dict(model_type="whisper", vocab_size=51864, num_mel_bins=80, d_model=768,
+                                    encoder_layers=12, decoder_layers=4, encoder_attention_heads=12,
+                                    decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+                                    max_source_positions=1500, max_target_positions=448, is_encoder_decoder=False),
     "OPT-6.7B": dict(model_type="opt", vocab_size=50272, hidden_size=4096, ffn_dim=16384, num_hidden_layers=32,
                      num_attention_heads=32, word_embed_proj_dim=4096, max_position_embeddings=2048),
     "OPT-125M": dict(model_type="opt", vocab_size=50272, hidden_size=768, ffn_dim=3072, num_hidden_layers=12,
                      num_attention_heads=12, word_embed_proj_dim=768, max_position_embeddings=2048),
 }
-PAIRS = [("Qwen2.5-1.5B", "Qwen2.5-0.5B"), ("whisper-large-v3", "distil-large-v3 decoder"), ("OPT-6.7B", "OPT-125M")]
+PAIRS = [("Qwen2.5-1.5B", "Qwen2.5-0.5B"), ("Qwen2.5-7B", "Qwen2.5-0.5B"), ("whisper-large-v3", "distil-large-v3 decoder"),
+         ("whisper-small.en", "distil-small.en decoder"), ("OPT-6.7B", "OPT-125M")]
 
 
 def build(name: str, device: torch.device, dtype: torch.dtype, small: bool):
@@ -71,7 +82,8 @@ def build(name: str, device: torch.device, dtype: torch.dtype, small: bool):
 def prompt(model, device: torch.device, length: int = 100) -> dict:
     if model.config.is_encoder_decoder:
         features = torch.randn(1, model.config.num_mel_bins, 3000, device=device, dtype=model.dtype)
-        return {"input_features": features, "decoder_input_ids": torch.tensor([[50258, 50259, 50360, 50364]])}
+        return {"input_features": features, "decoder_input_ids": torch.tensor([[50257, 50362, 50363]])
+                if model.config.vocab_size == 51864 else torch.tensor([[50258, 50259, 50360, 50364]])}
     return {"input_ids": torch.randint(1000, 20000, (1, length))}
 
 
@@ -82,8 +94,9 @@ def assistant_pass_s(model, device: torch.device, target_inputs: dict, repeats: 
     if "input_features" in target_inputs:
         from transformers.modeling_outputs import BaseModelOutput
         hidden = torch.randn(1, 1500, model.config.d_model, device=device, dtype=model.dtype)
-        decoder = CachedDecoder(model, {}, prefix_length=4, encoder_outputs=BaseModelOutput(last_hidden_state=hidden))
         tokens = target_inputs["decoder_input_ids"][0].tolist()
+        decoder = CachedDecoder(model, {}, prefix_length=len(tokens),
+                                encoder_outputs=BaseModelOutput(last_hidden_state=hidden))
     else:
         tokens = target_inputs["input_ids"][0].tolist()
         decoder = CachedDecoder(model, {"input_ids": torch.tensor([tokens])}, prefix_length=len(tokens))
@@ -163,8 +176,8 @@ def main() -> None:
         lines.append(f"| {pair} | {entry['assistant_pass_s']:.4f} | {entry['cost_ratio']:.3f} |")
     for pair, entry in report["pairs"].items():
         if "predicted_speedup" in entry:
-            lines += ["", f"{pair}, predicted from the greedy acceptance recorded on the CPU (bench/inputs/"
-                      "acceptance_traces.json): " + ", ".join(f"{k} {v:.2f}×" for k, v in
+            lines += ["", f"{pair}, predicted from the greedy acceptance of the Qwen2.5-Coder 1.5B + 0.5B pair recorded "
+                      "on the CPU (bench/inputs/acceptance_traces.json): " + ", ".join(f"{k} {v:.2f}×" for k, v in
                                                              entry["predicted_speedup"].items())]
     (out / "gpu_costs.md").write_text("\n".join(lines) + "\n")
     plot_curves(curves, out)
