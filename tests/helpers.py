@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -23,6 +24,8 @@ from transformers import (AutoModelForCausalLM, GenerationConfig, GPT2Config, GP
 ROOT = Path(__file__).resolve().parent.parent
 # The device the engine's tests run their tiny models on: the CPU, or CUDA where bench/gpu.sh runs them.
 DEVICE = torch.device(os.environ.get("ASSISTGEN_TEST_DEVICE", "cpu"))
+# dynamic int8 layers run on the CPU's quantized engine; loading refuses them on any other device
+CPU_ONLY = pytest.mark.skipif(DEVICE.type != "cpu", reason="dynamic int8 runs on the CPU only")
 
 
 # --- tiny models --------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def _uncached_logits(model, tokens):
         return model(input_ids=torch.tensor([tokens], device=tm.DEVICE)).logits[0].float()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen2-int8"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", pytest.param("qwen2-int8", marks=tm.CPU_ONLY)])
 def test_logits_match_transformers_call_for_call_and_the_buffers_grow(family, monkeypatch):
     monkeypatch.setattr(llama_decoder, "FIRST_CAPACITY", 4)   # so the calls below grow the buffers twice
     model = tm.llama(3) if family == "llama" else tm.qwen2(3)
@@ -38,6 +38,7 @@ def test_logits_match_transformers_call_for_call_and_the_buffers_grow(family, mo
     assert lean.passes == reference.passes == len(CALLS)
 
 
+@tm.CPU_ONLY
 def test_an_int8_model_gives_its_own_modules_logits_not_the_float_ones():
     model = tm.qwen2(3, init=0.2)
     tokens = [1, 5, 7, 9]

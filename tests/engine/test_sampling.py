@@ -61,7 +61,7 @@ def _target_joint(model, prompt, temperature, top_p, length=2):
     for seq in product(range(VOCAB), repeat=length):
         prob = 1.0
         for i in range(length):
-            logits = model(torch.tensor([prompt + list(seq[:i])])).logits[0, -1]
+            logits = model(torch.tensor([prompt + list(seq[:i])], device=tm.DEVICE)).logits[0, -1]
             prob *= float(sampler.probs(logits)[seq[i]])
         joint[seq] = prob
     return joint

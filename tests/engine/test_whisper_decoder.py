@@ -40,7 +40,7 @@ CALLS = [([1, 5, 7], 3), ([1, 5, 7, 9], 1), ([1, 5, 7, 9, 11], 1), ([1, 5, 7, 9,
          ([1, 5, 7, 9, 11, 13, 15], 1), ([1, 5, 7, 9, 11, 13, 15, 17, 19, 21], 6), ([1, 5, 7, 30, 31], 2)]
 
 
-@pytest.mark.parametrize("layout", ["encoder-decoder", "decoder-only", "int8"])
+@pytest.mark.parametrize("layout", ["encoder-decoder", "decoder-only", pytest.param("int8", marks=tm.CPU_ONLY)])
 def test_logits_match_transformers_call_for_call(layout):
     model = tm.whisper_decoder_only(3, layers=2) if layout == "decoder-only" else tm.whisper(3)
     if layout == "int8":
@@ -57,6 +57,7 @@ def test_logits_match_transformers_call_for_call(layout):
     assert lean.passes == reference.passes == len(CALLS)
 
 
+@tm.CPU_ONLY
 def test_an_int8_model_gives_the_same_logits_as_its_own_transformers_modules_not_just_the_float_ones():
     """The int8 check above is not lenient: int8 logits differ from the float model's by far more than its
     tolerance, so matching the quantized modules means computing with them."""
