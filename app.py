@@ -23,6 +23,9 @@ from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
 from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# shown under a pair when picking it, or its tab, has set the shared Settings to the pair's own defaults
+SETTINGS_RESET = ("\n\n*Settings set to this pair's own defaults (max new tokens, draft source, window, schedule): "
+                  "they are what was measured best for it.*")
 INTRO = """# assistgen: assisted generation, side by side
 A small **assistant** model drafts a few tokens; the large **target** model checks them all in **one** forward pass,
 keeps the longest agreeing prefix plus its own next token. Generation is bound by memory bandwidth, so fewer target
@@ -118,15 +121,22 @@ def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         with gr.Row():
             max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=first_defaults[0], step=1,
-                                       label="max new tokens (speech: per 30 s window)", elem_id="max-new-tokens")
-            temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)")
+                                       label="max new tokens (speech: per 30 s window)", elem_id="max-new-tokens",
+                                       info="each run stops after this many tokens, or at its end-of-text")
+            temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)",
+                                    info="above 0: sampled, and the two outputs differ by design")
             window = gr.Slider(*WINDOW_RANGE, value=first_defaults[2], step=1,
-                               label="initial window (num_assistant_tokens)", elem_id="window")
+                               label="initial window (num_assistant_tokens)", elem_id="window",
+                               info="tokens the assistant drafts before the first target pass")
         with gr.Row():
             draft_source = gr.Radio([(label, name) for name, label in DRAFT_SOURCES.items()], value=first_defaults[1],
-                                    label="draft source", elem_id="draft-source")
+                                    label="draft source", elem_id="draft-source",
+                                    info="where drafts come from; prompt lookup copies what followed the last "
+                                         "tokens where they occurred before")
             schedule = gr.Radio(list(SCHEDULE_NAMES), value=first_defaults[3], elem_id="schedule",
-                                label="window schedule (adaptive: each draft only while its confidence pays here)")
+                                label="window schedule",
+                              info="heuristic: +2 after all drafts accepted, -1 otherwise; adaptive: each draft "
+                                   "only while its confidence pays on this machine; constant")
     return max_new_tokens, temperature, draft_source, window, schedule
 
 
@@ -135,7 +145,8 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
     """One task's tab: its pair, its input, its Run and Run-again buttons, its examples. Returns the pair dropdown
     too: picking the tab brings its pair's settings."""
     default = service.default_pair(choices)
-    pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}")
+    pair = gr.Dropdown(choices=choices, value=default, label="model pair", elem_id=f"pair-{task}",
+                       info="the target model and the assistant that drafts for it")
     pair_info = gr.Markdown(service.pair_info(default) if default else "", elem_id=f"pair-info-{task}")
     # a pair's own defaults (max new tokens, window, schedule) come with it, as measured for it in models.yaml
     pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
@@ -146,14 +157,16 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
                                  "30 s is transcribed in windows)", elem_id="input-asr")
     else:
         content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
+                             info="both runs read this same input",
                              placeholder={"chat": "Ask something, or paste code to complete…",
                                           "translation": "Text to translate…",
                                           "summarization": "Text to summarize…"}[task])
     if task == "asr":
         language = gr.Dropdown(spoken_language_choices(), value="auto", label="spoken language",
-                               elem_id="language-asr")
+                               elem_id="language-asr", info="auto: the target detects it over the first 30 s")
     else:
-        language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into", visible=task == "translation")
+        language = gr.Dropdown(list(LANGUAGES), value="French", label="translate into", visible=task == "translation",
+                               info="the language the target translates into")
     with gr.Row():
         button = gr.Button("Run baseline, then assisted", variant="primary", elem_id=f"run-{task}")
         rerun = gr.Button("Timing not reliable: run again", variant="secondary", visible=False,
@@ -210,7 +223,7 @@ def build_demo(service: Service) -> gr.Blocks:
     def pair_changed(name):
         if not name:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), "", gr.skip()
-        return (*service.pair_defaults(name), service.pair_info(name), name)
+        return (*service.pair_defaults(name), service.pair_info(name) + SETTINGS_RESET, name)
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)

@@ -45,7 +45,7 @@ def test_qwen_assisted_greedy_equals_baseline(real_service, name, prompt):
     if prompt.startswith("Write a Python"):  # code: the assistant agrees most of the time
         assert result.assisted.acceptance_rate > 0.5
         assert result.assisted.target_passes < result.baseline.target_passes
-    else:  # a short translation: the int8 assistant agrees far less often (README Results)
+    else:  # a short translation: the int8 assistant agrees far less often (docs/results.md)
         assert result.assisted.target_passes <= result.baseline.target_passes
 
 
@@ -68,7 +68,7 @@ def test_whisper_base_with_its_own_int8_decoder_drafts_nearly_every_token(real_s
     result = compare(pair, "asr", asr_inputs(pair, load_audio(clip)), Settings(max_new_tokens=40))
     assert words(result.baseline_text) == "assisted generation makes large language models faster".split()
     assert result.identical
-    # base's decoder in int8 picks base's own token nearly everywhere (100 % and 98.7 % on real clips, README)
+    # base's decoder in int8 picks base's own token nearly everywhere (100 % and 98.7 % on real clips, docs/history.md)
     assert result.assisted.acceptance_rate > 0.8
     assert result.assisted.target_passes * 2 < result.baseline.target_passes
 
@@ -143,7 +143,7 @@ def test_a_real_recording_over_30_s_is_transcribed_in_windows_identically_and_ac
     assert len(windows) == 2 and result.identical
     reference = words((ROOT / "bench" / "inputs" / "speech-long" / "two-cities.txt").read_text())
     heard = words(result.baseline_text)
-    assert len(set(reference) - set(heard)) <= 3   # Whisper base reads it near perfectly (README, Long recordings)
+    assert len(set(reference) - set(heard)) <= 3   # Whisper base reads it near perfectly (docs/results.md, long recordings)
     per_window = result.to_dict()["windows"]
     assert sum(w["baseline"]["new_tokens"] for w in per_window) == len(result.baseline.new_tokens)
 
@@ -179,8 +179,8 @@ def test_a_target_mostly_on_disk_decodes_exactly_as_in_memory(real_service):
 
 def test_a_bitsandbytes_int8_target_runs_and_says_what_identical_means_for_it(real_service):
     """bitsandbytes quantizes each pass's activations, so a pass over several rows can round a near-tie otherwise
-    than one-token steps: the benchmark found one prompt of eleven whose output differed (README, "The seed's INT8
-    claim"). The result says so in its note, whether the outputs agree or not."""
+    than one-token steps: the benchmark found one prompt of eleven whose output differed (docs/results.md, the
+    bitsandbytes int8 target). The result says so in its note, whether the outputs agree or not."""
     pair = real_service.pool.pair("qwen2.5-coder-1.5b-int8+0.5b-int8")
     assert any(type(m).__name__ == "Linear8bitLt" for m in pair.target.model.modules())
     result = compare(pair, "chat", text_inputs(pair, "chat", PROMPTS[0]), Settings(max_new_tokens=16))

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import html
 
+from ..choices import DRAFT_SOURCES, MODE_LABELS
+from ..models.machine import machine_text
+
 LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
           "</span> <span class='ag-rej'>rejected draft</span> <span class='ag-base'>baseline token</span></div>")
 
@@ -146,6 +149,11 @@ def windows_text(result: dict) -> str | None:
             "figures are in the JSON).")
 
 
+def draft_source_words(result: dict) -> str:
+    """The draft source as the page names it ("assistant + prompt lookup"), not its id."""
+    return DRAFT_SOURCES.get(result["draft_source"], result["draft_source"])
+
+
 def summary_html(result: dict) -> str:
     identical = result["identical"]
     stability = result.get("stability") or {}
@@ -161,10 +169,13 @@ def summary_html(result: dict) -> str:
               f"{result['assisted']['latency_s']:.2f} s assisted.</div>",
               f"<div class='ag-note'>{html.escape(explanation(result))}</div>",
               f"<div><b>{mark}</b> {html.escape(result['identical_note'])}</div>",
-              f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(result['draft_source'])} drafts, "
-              f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix. A fixed target "
-              "pass was timed before, between and after them"
+              f"<div class='ag-note'>Baseline ran first, then assisted ({html.escape(draft_source_words(result))} "
+              f"drafts, {html.escape(MODE_LABELS.get(result['mode'], result['mode']))}); never at the same time, so "
+              "the timings do not mix. A fixed target pass was timed before, between and after them"
               + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
+    if result.get("machine"):
+        machine = html.escape(machine_text(result["machine"]))
+        parts.append(f"<div class='ag-note' id='ag-machine'><b>Machine:</b> {machine}.</div>")
     for line in (language_text(result), windows_text(result)):
         if line:
             parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")

@@ -10,6 +10,7 @@ from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
 from ..models.devices import dtype_name
+from ..models.machine import machine
 from ..models.precision import encoder_dtype
 from . import schedule_store
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
@@ -132,6 +133,7 @@ class Comparison:
                          "schedule": self.settings.schedule, "seed": self.settings.seed},
             "dtype": dtype_name(self.pair.target.model.dtype),
             "encoder_dtype": dtype_name(encoder_dtype(self.pair.target.model)),
+            "machine": machine(self.stability.probe_s if self.stability else None),
             "ran_first": "baseline",
             "baseline": run_figures(self.baseline, self.baseline_text),
             "assisted": {**run_figures(self.assisted, self.assisted_text), "steps": steps},

@@ -5,8 +5,8 @@ Long recordings are transcribed window by window, each window on its own (Whispe
 window ends matters: a cut through a word loses it. The cut is placed at the quietest 100 ms of the window's last
 5 s, a pause between words in speech, so no text falls between two windows and none is read twice (transformers'
 chunked pipeline instead overlaps its windows and merges the two readings of each overlap; OpenAI's sequential
-long-form decoding moves each window to the last timestamp it predicted). README, "Long recordings", compares the
-three by word error rate.
+long-form decoding moves each window to the last timestamp it predicted). docs/results.md (long recordings) compares
+the three by word error rate.
 """
 from __future__ import annotations
 

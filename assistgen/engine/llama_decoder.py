@@ -2,7 +2,7 @@
 arithmetic as transformers' modules, op for op, as a plain loop over the layers.
 
 Through `model(...)`, a one-token step of the int8 Qwen2.5-0.5B assistant took 35–46 ms, and this loop 29–44 ms with
-the same logits, bit for bit (`bench.scripts.lean_text_step`, rounds of 30 steps); in assisted generation, 37 against
+the same logits, bit for bit (rounds of 30 steps; docs/results.md); in assisted generation, 37 against
 43 ms of drafting per pass. The difference is transformers' cache object, masks and module calls. Here:
 
 - the self-attention's query, key and value projections are one product (`fusing.fused_qkv`);

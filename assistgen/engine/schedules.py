@@ -239,8 +239,8 @@ CARRIED_DRAFTS = 20
 
 class AdaptiveSchedule:
     """Cost-aware drafting: each draft token is weighed by the chance that the target accepts it against what it costs
-    on this machine, both measured during this generation or lent by an earlier one (README, "The adaptive
-    schedule", has its history).
+    on this machine, both measured during this generation or lent by an earlier one (docs/design.md has the
+    design, docs/history.md its history).
 
     - **Chance** (`Calibration`): the draft model's confidence in its token, mapped through a calibration learnt
       online; a draft survives if it and every draft before it are accepted.

@@ -16,8 +16,8 @@ from torch import nn
 
 # The weight is packed for products of this many rows, and serves every other count too. Packed for one row (what
 # ``Tensor.to_mkldnn`` gives), a product over 2 to 4 rows took 1.8x one row (8960 x 1536, as in the 1.5B's MLP);
-# packed for 4, it took the time of one row, and the one-row product no longer. README, "A cheaper verification
-# pass", has the curves.
+# packed for 4, it took the time of one row, and the one-row product no longer. docs/results.md, "verify(k)", has
+# the curves.
 PACKED_FOR_ROWS = 4
 
 # Products of fewer rows than this are padded with zero rows to `PACKED_FOR_ROWS`. On the packed weight, oneDNN runs

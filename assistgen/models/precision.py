@@ -11,8 +11,8 @@ blocks of query rows (`row_block_attention`), where torch's fused CPU attention 
 
 The decoder stays in float32: it chooses every token, and its verification passes must compute each position as its
 one-token steps do. Both columns read the same encoder, so assisted output stays identical to the baseline's; the
-transcript itself can differ from an all-float32 encoder's where the model hesitates. Figures: README, Results,
-"Speech: base's encoder in bfloat16"; `python -m bench.scripts.encoder_precision`.
+transcript itself can differ from an all-float32 encoder's where the model hesitates. Figures: docs/results.md (the
+default speech pair) and bench/results/whisper-bf16-encoder.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .catalog import ModelSpec
 from .cpu import native_bfloat16
 from .devices import torch_dtype
 
-ROW_BLOCK = 300   # query rows a block, the fastest of 150, 300 and 750 for Whisper base over 1500 frames (README)
+ROW_BLOCK = 300   # query rows a block, the fastest of 150, 300 and 750 for Whisper base over 1500 frames (docs/history.md)
 ATTENTION = "assistgen_row_blocks"
 
 

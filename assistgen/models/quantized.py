@@ -5,7 +5,7 @@ Each linear layer keeps its weight in int8 with a scale per output row, and quan
 `quantize_dynamic` defaults): the 0.5B's greedy tokens agreed with the 1.5B's on 46 % of translation positions, 60 %
 of chat and 78 % of summarization, against 76, 80 and 84 % in fp32. A scale per row and 8-bit inputs gave 67, 78 and
 82 % at the same speed (teacher-forced on the target's own greedy output, 5 prompts each:
-`bench/scripts/int8_agreement.py`; README, "The assistant's int8"). The input's eighth bit needs a CPU whose int8
+`bench/scripts/int8_agreement.py`; docs/results.md, "int8 agreement"). The input's eighth bit needs a CPU whose int8
 products accumulate in 32 bits (VNNI): without it, fbgemm sums pairs of products in 16 bits, which the full range can
 overflow, so it keeps 7.
 

@@ -339,7 +339,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated (default: each pair's own, from models.yaml, as the app runs it)")
     p.add_argument("--num-assistant-tokens", type=int, default=None,
                    help="the initial window (default: each pair's own)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="runs of every item and configuration (default 1)")
     p.add_argument("--peer", action="store_true", help="also run transformers' generate(assistant_model=...)")
     p.add_argument("--verify-curve", action="store_true",
                    help="also time verify(k), a target pass over k rows, for k from 1 to 32 (table and plot)")

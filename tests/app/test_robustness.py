@@ -508,15 +508,42 @@ def test_analytics_are_off_unless_asked_for(monkeypatch, env, expected):
 
 
 def _sources() -> list[Path]:
-    return sorted((ROOT / "assistgen").glob("*.py")) + [ROOT / "app.py"]
+    """Every Python module of the package, its subpackages' included, the app, and the bench scripts."""
+    return sorted((ROOT / "assistgen").rglob("*.py")) + [ROOT / "app.py"] + sorted((ROOT / "bench").rglob("*.py"))
+
+
+FORBIDDEN = re.compile(r"trust_remote_code\s*=\s*True|\bimport (c?pickle|dill|joblib)\b|\bfrom (c?pickle|dill|joblib) "
+                       r"import\b|\b(c?pickle|dill|joblib)\.|allow_pickle\s*=\s*True|weights_only\s*=\s*False|"
+                       r"use_safetensors\s*=\s*False")
+TORCH_LOAD = re.compile(r"torch\.load\(")
+
+
+def _violations(text: str) -> list[str]:
+    """Lines that run remote code, unpickle, or call torch.load without weights_only=True."""
+    return [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if FORBIDDEN.search(line) or (TORCH_LOAD.search(line) and "weights_only=True" not in line)]
 
 
 def test_no_remote_code_and_no_pickles_in_the_sources():
-    forbidden = re.compile(r"trust_remote_code\s*=\s*True|torch\.load\(|\bimport pickle\b|\bpickle\.|"
-                           r"allow_pickle\s*=\s*True|weights_only\s*=\s*False|use_safetensors\s*=\s*False")
-    hits = [f"{path.name}:{n}: {line.strip()}" for path in _sources()
-            for n, line in enumerate(path.read_text().splitlines(), 1) if forbidden.search(line)]
+    sources = _sources()
+    names = {p.relative_to(ROOT).as_posix() for p in sources}
+    # the guard reads every layer, not just the top-level files
+    assert {"assistgen/models/loading.py", "assistgen/engine/decoding.py", "assistgen/comparison/compare.py",
+            "assistgen/app/service.py", "assistgen/tools/bench.py", "app.py"} <= names
+    hits = [f"{path.relative_to(ROOT)}:{hit}" for path in sources for hit in _violations(path.read_text())]
     assert not hits, hits
+
+
+@pytest.mark.parametrize("line,bad", [
+    ("model = AutoModel.from_pretrained(path, trust_remote_code=True)", True),
+    ("state = torch.load(path)", True),
+    ("state = torch.load(path, weights_only=True)", False),
+    ("import pickle", True), ("from pickle import loads", True), ("data = pickle.loads(blob)", True),
+    ("np.load(path, allow_pickle=True)", True),
+    ("model = AutoModel.from_pretrained(path, use_safetensors=True)", False),
+])
+def test_the_source_guard_catches_what_it_forbids(line, bad):
+    assert bool(_violations(line)) is bad
 
 
 def test_weights_in_a_pickle_are_refused_and_never_unpickled(tmp_path, tiny_catalog_path, monkeypatch):

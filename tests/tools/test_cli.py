@@ -31,6 +31,7 @@ def test_compare_prints_one_json_object(tiny_catalog_path):
     for key in ("latency_s", "new_tokens", "target_passes", "tokens_per_pass", "acceptance_rate"):
         assert key in result["assisted"]
     assert "speedup" in result
+    assert result["machine"]["cpu"] and result["machine"]["probe_ms_per_target_pass"] > 0   # where it was measured
 
 
 def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):
@@ -64,3 +65,30 @@ def test_a_bad_catalog_stops_the_cli_and_the_app_without_a_traceback(tmp_path):
         out = run(*args, env={"ASSISTGEN_CATALOG": str(bad)})
         assert out.returncode == 2
         assert "key 'tasks'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    from assistgen.tools.cli import build_parser
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"models", "prepare", "compare", "bench", "engine-bench"} <= set(commands)
+    missing = [f"{name} {' / '.join(action.option_strings) or action.dest}"
+               for name, command in [("", parser), *commands.items()] for action in command._actions
+               if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+               and not (action.help or "").strip()]
+    assert not missing, f"options without help text: {missing}"
+
+
+def test_compare_takes_the_pages_names_and_the_ids(tiny_catalog_path):
+    from assistgen.tools.cli import build_parser
+    parse = build_parser().parse_args
+    for task, source, ids in (("speech-recognition", "assistant+lookup", ("asr", "assistant_lookup")),
+                              ("asr", "prompt_lookup", ("asr", "prompt_lookup")),
+                              ("Chat", "prompt-lookup", ("chat", "prompt_lookup"))):
+        args = parse(["compare", "--pair", "p", "--task", task, "--text", "x", "--draft-source", source])
+        assert (args.task, args.draft_source) == ids
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
+              "dance", "--text", "x")
+    assert out.returncode == 2 and "unknown task 'dance'" in out.stderr
