@@ -11,7 +11,8 @@ input (a decoder-only assistant given some other encoder output, say) shows up a
 - distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose decoder is the target's
   own; loaded as a decoder-only ``WhisperForCausalLM`` it agrees with the target only if it reads the target's
   encoder output.
-- the small Qwen, FLAN-T5 and OPT stand-ins are their target with noise on every weight.
+- the small Qwen and OPT stand-ins are their target with noise on every weight; FLAN-T5's small one is a model of
+  half its target's width, as flan-t5-small (512) is of flan-t5-large (1024), which runs its own encoder.
 """
 from __future__ import annotations
 
@@ -197,12 +198,15 @@ def t5_pair(work: Path) -> tuple[Path, Path]:
     (work / "assistant").mkdir(parents=True)
     tokenizer = t5_tokenizer(work / "target")
     shutil.copyfile(work / "target" / "spiece.model", work / "assistant" / "spiece.model")
-    config = T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, initializer_factor=5.0,
-                      feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    def config(width: int, layers: int) -> T5Config:
+        return T5Config(vocab_size=len(tokenizer), d_model=width, d_ff=2 * width, d_kv=8, num_layers=layers,
+                        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, initializer_factor=5.0,
+                        feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     torch.manual_seed(0)
-    target = T5ForConditionalGeneration(config).eval()
-    return _save(work / "target", target, tokenizer), _save(work / "assistant", _noisy(target, 0.05, 1), tokenizer)
+    target = T5ForConditionalGeneration(config(64, 2)).eval()
+    torch.manual_seed(1)   # half the target's width, as flan-t5-small (512) is of flan-t5-large (1024)
+    assistant = T5ForConditionalGeneration(config(32, 1)).eval()
+    return _save(work / "target", target, tokenizer), _save(work / "assistant", assistant, tokenizer)
 
 
 def opt_pair(work: Path) -> tuple[Path, Path]:

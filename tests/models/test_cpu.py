@@ -51,3 +51,13 @@ def test_without_the_padding_a_row_alone_rounds_differently(monkeypatch):
     if torch.equal(alone, among):
         pytest.skip("on this CPU oneDNN's one-row kernel rounds as its multi-row kernels do")
     torch.testing.assert_close(alone, among, rtol=1e-4, atol=1e-4)
+
+
+def test_an_input_the_packed_path_cannot_take_goes_to_the_plain_layer_with_a_note():
+    linear, packed = _layer(n_in=32, n_out=16)
+    wide = torch.randn(3, 64)   # another model's width: nn.Linear's own error, not oneDNN's
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as plain:
+        linear(wide)
+    with pytest.warns(RuntimeWarning, match="computed by the plain layer"), pytest.raises(RuntimeError) as error:
+        packed(wide)
+    assert str(error.value) == str(plain.value)
