@@ -29,10 +29,11 @@ def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    """Whether two sets of named tensors have the same names, shapes and values (compared in `a`'s dtype)."""
+    """Whether two sets of named tensors have the same names, shapes and values (compared in `a`'s dtype and on its
+    device)."""
     if a.keys() != b.keys() or any(a[n].shape != b[n].shape for n in a):
         return False
-    return all(x is y or torch.equal(_dense(x), _dense(y).to(x.dtype)) for x, y in ((a[n], b[n]) for n in a))
+    return all(x is y or torch.equal(_dense(x), _dense(y).to(x.device, x.dtype)) for x, y in ((a[n], b[n]) for n in a))
 
 
 def same_encoder(target_encoder: nn.Module, assistant_encoder: nn.Module) -> bool:
