@@ -168,7 +168,13 @@ def main() -> None:
     parser.add_argument("--pair", action="append", help="only these pairs (default: every hub pair)")
     args = parser.parse_args()
     catalog = load_catalog()
-    pairs = [p for p in catalog.pairs if p.target.source == "hub" and (not args.pair or p.name in args.pair)]
+    pairs = ([catalog.pair(name) for name in args.pair] if args.pair
+             else [p for p in catalog.pairs if p.target.source == "hub"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"cpu_threads": torch.get_num_threads(), "cores": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__, "repeats": args.repeats, "prompt_tokens": PROMPT_TOKENS,
+            "tokens_per_pass": TOKENS_PER_PASS, "window": WINDOW, "load_average": os.getloadavg()}
     costs, rows = {}, []
     for pair in pairs:
         task = "asr" if pair.tasks == ("asr",) else "text"
@@ -182,17 +188,16 @@ def main() -> None:
                                      costs[pair.assistant.name] if pair.assistant else None)
         rows.append({"pair": pair.name, "task": task, "new_tokens": NEW_TOKENS[task], "baseline_s": round(baseline, 1),
                      "assisted_s": round(assisted, 1), "click_s": round(baseline + assisted, 1)})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu_threads": torch.get_num_threads(), "cores": len(os.sched_getaffinity(0)),
-            "torch": torch.__version__, "repeats": args.repeats, "prompt_tokens": PROMPT_TOKENS,
-            "tokens_per_pass": TOKENS_PER_PASS, "window": WINDOW}
+        write(out, meta, costs, rows)   # after each pair: what was measured survives an interrupted run
+
+
+def write(out: Path, meta: dict, costs: dict, rows: list[dict]) -> None:
     (out / "estimates.json").write_text(json.dumps({"meta": meta, "models": costs, "pairs": rows}, indent=2))
     lines = ["| pair | new tokens | baseline s | assisted s | a click, s |", "|---|---|---|---|---|"]
     lines += [f"| {r['pair']} | {r['new_tokens']} | {r['baseline_s']} | {r['assisted_s']} | {r['click_s']} |"
               for r in rows]
     (out / "estimates.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
