@@ -8,9 +8,9 @@ Whisper, the processor's) files, built by transformers' own classes of that fami
 
 The assistants are made to agree with their targets where the real ones do, so that a pair that reads the wrong
 input (a decoder-only assistant given some other encoder output, say) shows up as rejected drafts:
-- distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose decoder is the target's
-  own; loaded as a decoder-only ``WhisperForCausalLM`` it agrees with the target only if it reads the target's
-  encoder output.
+- distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose encoder is the target's
+  (the load checks it) and whose decoder is the target's too; loaded as a decoder-only ``WhisperForCausalLM`` it
+  agrees with the target only if it reads the target's encoder output.
 - the small Qwen and OPT stand-ins are their target with noise on every weight; FLAN-T5's small one is a model of
   half its target's width, as flan-t5-small (512) is of flan-t5-large (1024), which runs its own encoder.
 """
