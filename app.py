@@ -101,7 +101,7 @@ def _handlers(service: Service):
     def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
                     temperature: float, draft_source: str, schedule: str | None = None,
                     num_assistant_tokens: float | None = None, language: str | None = None,
-                    target_language: str | None = None) -> dict:
+                    target_language: str | None = None):
         """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
         --json`. draft_source, schedule and num_assistant_tokens default to the pair's own (models.yaml); language
         (speech) to auto-detection; target_language (translation) to French."""
@@ -109,8 +109,13 @@ def _handlers(service: Service):
             settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
                                         draft_source=draft_source or None, schedule=schedule or None,
                                         num_assistant_tokens=num_assistant_tokens)
-            return service.run(task, pair, text=text, audio=audio, settings=settings, language=language or None,
-                               target_language=target_language or "French").to_dict()
+            # A generator with one output, the JSON at the end: Gradio closes it between two snapshots when the
+            # client cancels the job or goes away, and the service then stops the run (`Service.stream`)
+            with contextlib.closing(service.stream(task, pair, text=text, audio=audio, settings=settings,
+                                                   language=language or None,
+                                                   target_language=target_language or "French")) as snapshots:
+                for snap in snapshots:
+                    yield gr.skip() if snap.comparison is None else snap.comparison.to_dict()
         except Exception as exc:
             raise _as_gradio_error(exc) from None
     return make_handler, api_compare

@@ -64,22 +64,23 @@ def gpt2(seed: int, *, layers: int = 2, eos: int | None = None) -> GPT2LMHeadMod
     return _seeded(lambda: GPT2LMHeadModel(config), seed)
 
 
-def t5(seed: int, *, layers: int = 2, eos: int | None = None) -> T5ForConditionalGeneration:
-    config = T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_layers=layers, num_heads=4,
+def t5(seed: int, *, layers: int = 2, eos: int | None = None, width: int = 32) -> T5ForConditionalGeneration:
+    config = T5Config(vocab_size=VOCAB, d_model=width, d_ff=2 * width, d_kv=8, num_layers=layers, num_heads=4,
                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos, initializer_factor=5.0)
     return _seeded(lambda: T5ForConditionalGeneration(config), seed)
 
 
-def _whisper_config(layers: int, eos: int | None) -> WhisperConfig:
-    return WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=layers,
-                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+def _whisper_config(layers: int, eos: int | None, width: int = 32) -> WhisperConfig:
+    return WhisperConfig(vocab_size=VOCAB, d_model=width, encoder_layers=1, decoder_layers=layers,
+                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * width,
+                         decoder_ffn_dim=2 * width,
                          num_mel_bins=8, max_source_positions=16, max_target_positions=128,
                          decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=eos,
                          suppress_tokens=None, begin_suppress_tokens=None, init_std=0.5)
 
 
-def whisper(seed: int, *, layers: int = 2, eos: int | None = None) -> WhisperForConditionalGeneration:
-    model = _seeded(lambda: WhisperForConditionalGeneration(_whisper_config(layers, eos)), seed)
+def whisper(seed: int, *, layers: int = 2, eos: int | None = None, width: int = 32) -> WhisperForConditionalGeneration:
+    model = _seeded(lambda: WhisperForConditionalGeneration(_whisper_config(layers, eos, width)), seed)
     model.generation_config.eos_token_id = eos
     return model
 

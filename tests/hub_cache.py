@@ -8,10 +8,11 @@ Whisper, the processor's) files, built by transformers' own classes of that fami
 
 The assistants are made to agree with their targets where the real ones do, so that a pair that reads the wrong
 input (a decoder-only assistant given some other encoder output, say) shows up as rejected drafts:
-- distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose decoder is the target's
-  own; loaded as a decoder-only ``WhisperForCausalLM`` it agrees with the target only if it reads the target's
-  encoder output.
-- the small Qwen, FLAN-T5 and OPT stand-ins are their target with noise on every weight.
+- distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose encoder is the target's
+  (the load checks it) and whose decoder is the target's too; loaded as a decoder-only ``WhisperForCausalLM`` it
+  agrees with the target only if it reads the target's encoder output.
+- the small Qwen and OPT stand-ins are their target with noise on every weight; FLAN-T5's small one is a model of
+  half its target's width, as flan-t5-small (512) is of flan-t5-large (1024), which runs its own encoder.
 """
 from __future__ import annotations
 
@@ -144,9 +145,10 @@ def _save(folder: Path, model, tokenizer, feature_extractor=None) -> Path:
     return folder
 
 
-def whisper_pair(work: Path, num_mel_bins: int) -> tuple[Path, Path]:
+def whisper_pair(work: Path, num_mel_bins: int, english_only: bool = False) -> tuple[Path, Path]:
     """(target, distil-style assistant): the assistant's checkpoint is a whole Whisper model, as distil-Whisper's
-    repositories hold, whose decoder is the target's."""
+    repositories hold, whose encoder is the target's (distil-Whisper keeps its teacher's) and whose decoder here is
+    the target's too. An English-only target (small.en) has no language or task tokens in its generation config."""
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
     processor = whisper_processor(num_mel_bins)
     tok = processor.tokenizer
@@ -168,21 +170,20 @@ def whisper_pair(work: Path, num_mel_bins: int) -> tuple[Path, Path]:
         no_timestamps_token_id=ids["notimestamps"], prev_sot_token_id=ids["prev"], max_initial_timestamp_index=50,
         begin_suppress_tokens=[tok.convert_tokens_to_ids("Ġ"), ids["eot"]], suppress_tokens=[ids["lm"]],
         max_length=64)
-    torch.manual_seed(1)
-    assistant = WhisperForConditionalGeneration(config).eval()   # its own encoder, which a decoder-only load drops
-    assistant.model.decoder.load_state_dict(target.model.decoder.state_dict())
-    assistant.proj_out.load_state_dict(target.proj_out.state_dict())
-    assistant.generation_config = copy.deepcopy(target.generation_config)
+    if english_only:
+        target.generation_config.is_multilingual = False
+        del target.generation_config.lang_to_id, target.generation_config.task_to_id
+    assistant = copy.deepcopy(target)   # the teacher's encoder, which a decoder-only load checks and drops
     return (_save(work / "target", target, tok, processor.feature_extractor),
             _save(work / "assistant", assistant, tok, processor.feature_extractor))
 
 
-def qwen_pair(work: Path) -> tuple[Path, Path]:
+def qwen_pair(work: Path, hidden: int = 32) -> tuple[Path, Path]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
     tokenizer = qwen_tokenizer()
     im_end, eot = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          bos_token_id=eot, eos_token_id=im_end, tie_word_embeddings=True, initializer_range=0.2)
     torch.manual_seed(0)
     target = Qwen2ForCausalLM(config).eval()
@@ -197,12 +198,15 @@ def t5_pair(work: Path) -> tuple[Path, Path]:
     (work / "assistant").mkdir(parents=True)
     tokenizer = t5_tokenizer(work / "target")
     shutil.copyfile(work / "target" / "spiece.model", work / "assistant" / "spiece.model")
-    config = T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, initializer_factor=5.0,
-                      feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    def config(width: int, layers: int) -> T5Config:
+        return T5Config(vocab_size=len(tokenizer), d_model=width, d_ff=2 * width, d_kv=8, num_layers=layers,
+                        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, initializer_factor=5.0,
+                        feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     torch.manual_seed(0)
-    target = T5ForConditionalGeneration(config).eval()
-    return _save(work / "target", target, tokenizer), _save(work / "assistant", _noisy(target, 0.05, 1), tokenizer)
+    target = T5ForConditionalGeneration(config(64, 2)).eval()
+    torch.manual_seed(1)   # half the target's width, as flan-t5-small (512) is of flan-t5-large (1024)
+    assistant = T5ForConditionalGeneration(config(32, 1)).eval()
+    return _save(work / "target", target, tokenizer), _save(work / "assistant", assistant, tokenizer)
 
 
 def opt_pair(work: Path) -> tuple[Path, Path]:
@@ -217,9 +221,12 @@ def opt_pair(work: Path) -> tuple[Path, Path]:
 
 
 # repo ids exactly as models.yaml names them: (target, assistant) -> the stand-in builder
+# (an assistant shared by two pairs is saved once, by the first)
 HUB_PAIRS = {("openai/whisper-large-v3", "distil-whisper/distil-large-v3"): lambda w: whisper_pair(w, 128),
              ("openai/whisper-large-v2", "distil-whisper/distil-large-v2"): lambda w: whisper_pair(w, 80),
+             ("openai/whisper-small.en", "distil-whisper/distil-small.en"): lambda w: whisper_pair(w, 80, True),
              ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"): qwen_pair,
+             ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"): lambda w: qwen_pair(w, hidden=64),
              ("google/flan-t5-large", "google/flan-t5-small"): t5_pair,
              ("facebook/opt-6.7b", "facebook/opt-125m"): opt_pair}
 
@@ -230,6 +237,7 @@ def build_hub_cache(cache: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         for n, ((target_id, assistant_id), build) in enumerate(HUB_PAIRS.items()):
             target, assistant = build(Path(tmp) / str(n))
-            add_to_cache(cache, target_id, target)
-            add_to_cache(cache, assistant_id, assistant)
+            for repo_id, folder in ((target_id, target), (assistant_id, assistant)):
+                if not (cache / f"models--{repo_id.replace('/', '--')}").exists():
+                    add_to_cache(cache, repo_id, folder)
     return cache

@@ -34,14 +34,15 @@ def speech(tmp_path_factory):
 
 def task_args(pair, speech) -> list[str]:
     task = pair.tasks[0]
-    return ["--task", task] + (["--audio", str(speech)] if task == "asr" else ["--text", "The quick brown fox"])
+    return ["--task", task] + (["--audio", str(speech), "--language", "en"] if task == "asr"
+                               else ["--text", "The quick brown fox"])
 
 
 def test_the_stand_ins_cover_every_hub_model_of_the_catalog():
     ids = {repo for pair in HUB_PAIRS for repo in pair}
     assert {(p.target.location, p.assistant.location) for p in HUB} == set(HUB_PAIRS)
     assert {spec.location for spec in CATALOG.models.values() if spec.source == "hub"} <= ids
-    assert len(HUB) == 5
+    assert len(HUB) == 7
 
 
 def cli(*args, env):
@@ -101,7 +102,8 @@ def test_every_hub_pair_runs_through_the_compare_api(offline_hub, speech):
             asr = pair.tasks == ("asr",)
             result = client.predict(task=pair.tasks[0], pair=pair.name, text=None if asr else "The quick brown fox",
                                     audio=handle_file(str(speech)) if asr else None, max_new_tokens=10,
-                                    temperature=0, draft_source="assistant", api_name="/compare")
+                                    temperature=0, draft_source="assistant", language="en" if asr else "",
+                                    api_name="/compare")
             assert result["pair"] == pair.name and result["identical"] is True, result["identical_note"]
             assert result["assisted"]["target_passes"] >= 1
     finally:
@@ -123,3 +125,79 @@ def test_a_pair_over_the_memory_budget_is_offered_but_never_the_default(offline_
     labels = dict((name, label) for label, name in service.pair_choices("chat"))
     assert "more than the" in labels["opt-6.7b+125m"] and "ASSISTGEN_MEMORY_BUDGET_GB" in labels["opt-6.7b+125m"]
     assert labels["qwen2.5-1.5b+0.5b"] == "qwen2.5-1.5b+0.5b"
+
+
+def test_a_distil_whisper_checkpoint_whose_encoder_is_not_the_targets_is_refused_with_the_reason(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from assistgen.models.loading import LoadError
+    from assistgen.models.pool import ModelPool
+    from hub_cache import whisper_pair
+    target, assistant = whisper_pair(tmp_path / "pair", 80)
+    weights = load_file(assistant / "model.safetensors")
+    weights["model.encoder.layers.0.fc1.weight"] = weights["model.encoder.layers.0.fc1.weight"] + 0.01
+    save_file(weights, assistant / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "models.yaml").write_text(f"""
+models:
+  target: {{local: {target}}}
+  distil: {{local: {assistant}, decoder_only: true, languages: [en]}}
+pairs:
+  - {{name: target+distil, tasks: [asr], target: target, assistant: distil, prompt_style: asr}}
+""")
+    catalog = load_catalog(tmp_path / "models.yaml")
+    with pytest.raises(LoadError, match="trained on another encoder than the target's .*fc1.weight differs"):
+        ModelPool(catalog).pair("target+distil")
+
+
+def test_an_english_only_distil_assistant_switches_drafting_off_for_other_languages_and_says_why(offline_hub, speech):
+    from assistgen.app.service import Service
+    from assistgen.comparison.compare import Settings
+    service = Service(CATALOG)
+    pair = service.pool.pair("whisper-large-v3+distil-large-v3")
+    assert pair.mode == "same-tokenizer"   # distil-Whisper keeps its teacher's multilingual tokenizer
+    german = service.run("asr", pair.spec.name, audio=str(speech), language="de", settings=Settings(max_new_tokens=6))
+    assert german.draft_source == "none" and german.assisted.assistant_passes == 0
+    assert "knows only en" in german.drafting_off and "'de'" in german.drafting_off
+    english = service.run("asr", pair.spec.name, audio=str(speech), language="en", settings=Settings(max_new_tokens=6))
+    assert english.drafting_off is None and english.assisted.assistant_passes >= 1
+
+
+@pytest.fixture
+def no_weight_packages(monkeypatch):
+    """A Space without the weight packages: every offline pack unavailable."""
+    from assistgen.models import availability
+    real = availability.availability
+    monkeypatch.setattr(availability, "availability", lambda spec, catalog: (
+        (False, "weight package not installed") if spec.source == "pack" else real(spec, catalog)))
+
+
+def test_a_cpu_space_defaults_to_pairs_sized_for_two_cores_and_still_offers_every_pair(offline_hub, no_weight_packages):
+    import torch
+
+    from assistgen.app.service import Service
+    from assistgen.models.pool import ModelPool
+    service = Service(CATALOG, ModelPool(CATALOG, budget_bytes=14 * 2**30), device=torch.device("cpu"))
+    defaults = {task: service.default_pair(service.pair_choices(task)) for task in ("chat", "asr")}
+    assert defaults == {"chat": "qwen2.5-1.5b+0.5b", "asr": "whisper-small.en+distil-small.en"}
+    speech = CATALOG.pair(defaults["asr"])
+    assert speech.assistant.decoder_only and speech.assistant.location.startswith("distil-whisper/")
+    assert max(speech.target.parameters, speech.assistant.parameters) <= 300e6
+    text = CATALOG.pair(defaults["chat"])
+    assert text.target.parameters <= 2e9 and text.assistant.parameters <= 2e9
+    assert "chosen for: CPU, " in service.pair_info(defaults["asr"])
+    assert "chosen for" not in service.pair_info("whisper-large-v3+distil-large-v3")
+    labels = {name: label for label, name in service.pair_choices("asr")}
+    assert labels.keys() == {p.name for p in CATALOG.pairs_for("asr")}
+    assert "meant for a GPU" in labels["whisper-large-v3+distil-large-v3"]
+    assert "B parameters" in labels["whisper-large-v3+distil-large-v3"]
+
+
+def test_a_gpu_space_defaults_to_the_large_pairs(offline_hub, no_weight_packages):
+    import torch
+
+    from assistgen.app.service import Service
+    from assistgen.models.pool import ModelPool
+    service = Service(CATALOG, ModelPool(CATALOG, budget_bytes=20 * 2**30), device=torch.device("cuda"))
+    assert {task: service.default_pair(service.pair_choices(task)) for task in ("chat", "asr")} == {
+        "chat": "qwen2.5-7b+0.5b", "asr": "whisper-large-v3+distil-large-v3"}
+    assert "chosen for: GPU" in service.pair_info("whisper-large-v3+distil-large-v3")

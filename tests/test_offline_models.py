@@ -188,3 +188,35 @@ def test_a_bitsandbytes_int8_target_runs_and_says_what_identical_means_for_it(re
     note = result.identical_note()
     assert "bitsandbytes int8" in note and "near-tie" in note
     assert note.startswith("identical") == (result.baseline.new_tokens == result.assisted.new_tokens)
+
+
+def test_a_cancelled_compare_job_frees_the_worker_for_the_next_within_seconds(real_app, real_service, monkeypatch):
+    """On the real default pair: a /compare job cancelled mid-run stops, and the next job starts within 5 s of the
+    cancel instead of waiting for the minutes of passes the first had left."""
+    import time
+
+    from gradio_client import Client
+    client = Client(real_app, verbose=False)
+    target = real_service.pool.pair(CHAT).target.model
+    passes, forward = [], target.forward
+    monkeypatch.setattr(target, "forward", lambda *args, **kwargs: passes.append(1) or forward(*args, **kwargs))
+    started, real_stream = {}, real_service.stream
+
+    def recorded_stream(task, pair_name, **kwargs):
+        started[kwargs["text"]] = (time.monotonic(), len(passes))
+        yield from real_stream(task, pair_name, **kwargs)
+    monkeypatch.setattr(real_service, "stream", recorded_stream)
+    long = client.submit(task="chat", pair=CHAT, text="Write a long essay on the history of computing.", audio=None,
+                         max_new_tokens=512, temperature=0, draft_source="assistant", api_name="/compare")
+    while "Write a long essay on the history of computing." not in started or len(passes) < started[
+            "Write a long essay on the history of computing."][1] + 10:
+        assert not long.done(), long.exception()
+        time.sleep(0.1)
+    long.cancel()
+    cancelled, at_cancel = time.monotonic(), len(passes)
+    result = client.predict(task="chat", pair=CHAT, text="def add(a, b):", audio=None, max_new_tokens=8,
+                            temperature=0, draft_source="assistant", api_name="/compare")
+    assert result["identical"]
+    began, passes_before = started["def add(a, b):"]
+    assert began - cancelled < 5.0
+    assert passes_before - at_cancel < 20   # the long run, with hundreds of passes left, stopped at once

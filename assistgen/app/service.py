@@ -10,14 +10,14 @@ from typing import Iterator
 import numpy as np
 
 from ..comparison.audio import load_audio, max_audio_seconds
-from ..models.catalog import Catalog
+from ..models.catalog import Catalog, PairSpec
 from ..choices import DRAFT_SOURCES, TASKS
 from ..comparison.compare import Comparison, Settings, compare, warm_up
 from ..models.availability import pair_availability
-from ..models.devices import default_device
+from ..models.devices import default_device, hardware, hardware_key
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
-from ..models.sizing import pair_fit
+from ..models.sizing import pair_fit, parameters
 from .streaming import ModelThread, Snapshot, stream
 from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
 from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, text_inputs
@@ -46,8 +46,12 @@ def update_interval_s() -> float:
 
 class Service:
     def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, max_input_tokens: int | None = None,
-                 max_time_s: float | None = None):
+                 max_time_s: float | None = None, device=None):
         self.catalog = catalog
+        self.device = device or default_device()   # the hardware the defaults are chosen for
+        self.hardware = hardware(self.device)
+        self._ready: set[str] = set()             # pairs seen available and within the memory budget
+        self._defaults: set[str] | None = None
         self.pool = pool or ModelPool(catalog)
         self.max_input_tokens = max_input_tokens or int(os.environ.get("ASSISTGEN_MAX_INPUT_TOKENS",
                                                                        DEFAULT_MAX_INPUT_TOKENS))
@@ -60,27 +64,48 @@ class Service:
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
-        """(label, pair name) for a task's dropdown: a pair that is unavailable, or whose weights exceed the memory
-        budget, says so in its label."""
+        """(label, pair name) for a task's dropdown: a pair that is unavailable, whose weights exceed the memory
+        budget, or that is meant for other hardware says so in its label (the last with its size, and a click's
+        estimated time here where the catalog has one)."""
         choices = []
         for pair in self.catalog.pairs_for(task):
             ok, why = pair_availability(pair, self.catalog)
             if not ok:
                 choices.append((f"{pair.name} (unavailable: {why})", pair.name))
                 continue
-            fits, size = pair_fit(pair, self.catalog, self.pool.budget_bytes, default_device())
-            choices.append((pair.name if fits else f"{pair.name} ({size})", pair.name))
+            fits, size = pair_fit(pair, self.catalog, self.pool.budget_bytes, self.device)
+            if not fits:
+                choices.append((f"{pair.name} ({size})", pair.name))
+                continue
+            self._ready.add(pair.name)
+            meant = self.device.type in pair.default_on
+            choices.append((pair.name if meant else f"{pair.name} ({self.cost_note(pair)})", pair.name))
         return choices
 
-    @staticmethod
-    def default_pair(choices: list[tuple[str, str]]) -> str | None:
-        """The first pair among a dropdown's choices that is available and fits the memory budget."""
-        return next((name for label, name in choices if label == name), None)
+    def cost_note(self, pair: PairSpec) -> str:
+        """What a pair meant for other hardware costs here: its parameters, and a click's estimated seconds."""
+        counts = [parameters(spec, self.catalog) for spec in (pair.target, pair.assistant) if spec is not None]
+        size = "size unknown" if None in counts else f"{sum(counts) / 1e9:.2f}B parameters"
+        where = "a GPU" if self.device.type == "cpu" else "a CPU"
+        seconds = dict(pair.click_s).get(hardware_key(self.device))
+        return f"meant for {where}: {size}" + (f", about {seconds:.0f} s a click here" if seconds else "")
+
+    def default_pair(self, choices: list[tuple[str, str]]) -> str | None:
+        """The first pair among a dropdown's choices that is available, fits the memory budget and is meant for this
+        device; else the first that is available and fits."""
+        return next((name for label, name in choices if label == name),
+                    next((name for label, name in choices if name in self._ready), None))
 
     def default_pairs(self) -> list[str]:
-        """Each task's default pair (its first available one), each once."""
+        """Each task's default pair, each once."""
         names = [self.default_pair(self.pair_choices(task)) for task in TASKS]
         return list(dict.fromkeys(name for name in names if name))
+
+    def chosen_for(self, pair_name: str) -> str | None:
+        """Why a pair is its task's default ("chosen for: CPU, 2 cores, 16 GB"), or None where it is not one."""
+        if self._defaults is None:
+            self._defaults = set(self.default_pairs())
+        return f"chosen for: {self.hardware}" if pair_name in self._defaults else None
 
     def pair_defaults(self, pair_name: str) -> tuple[int, str, int, str]:
         """The pair's max new tokens, draft source, initial window and schedule, from models.yaml."""
@@ -90,8 +115,10 @@ class Service:
     def pair_info(self, pair_name: str) -> str:
         """One line under the pair dropdown: what the pair is, and its defaults."""
         spec = known_pair(self.catalog, pair_name)
+        chosen = self.chosen_for(pair_name)
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
-                f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}")
+                f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}"
+                + (f" · {chosen}" if chosen else ""))
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:

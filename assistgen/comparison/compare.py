@@ -278,15 +278,17 @@ def effective_draft_source(pair: LoadedPair, task: str, inputs: Inputs, draft_so
 
 def drafting_off_reason(pair: LoadedPair, task: str, inputs: Inputs) -> str | None:
     """Why the pair's assistant cannot help with this input, or None: an English-only Whisper assistant on speech in
-    another language would draft English words, all rejected, and slow the run down."""
+    another language would draft English words, all rejected, and slow the run down. English-only is what the
+    catalog says (distil-Whisper keeps its teacher's multilingual tokenizer), else what its tokenizer knows."""
     if task != "asr" or pair.assistant is None or not pair.assistant_usable:
         return None
     language = window_language(pair, first_inputs(inputs))
-    if language in languages(pair.assistant.model):
+    known = list(pair.assistant.spec.languages) or languages(pair.assistant.model)
+    if language in known:
         return None
-    return (f"drafting is off: the assistant {pair.assistant.spec.name} knows only "
-            f"{', '.join(languages(pair.assistant.model))} and this speech is in {language!r}, so its drafts would all "
-            "be rejected; the assisted run decodes as the baseline does")
+    return (f"drafting is off: the assistant {pair.assistant.spec.name} knows only {', '.join(known)} and this "
+            f"speech is in {language!r}, so its drafts would all be rejected; the assisted run decodes as the "
+            "baseline does")
 
 
 WARM_UP_TOKENS = 1

@@ -14,6 +14,7 @@ import torch
 
 from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, CandidateGenerator, Draft,
                        PromptLookupCandidates)
+from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
 from .retokenizing import different_tokenizer_source
 from .sampling import Sampler, accept_greedy, accept_sampled
@@ -101,13 +102,15 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
     """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
     own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
     both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
-    none (the baseline). `encoder_outputs` are the target's, for a decoder-only assistant of an encoder-decoder
-    target (distil-Whisper's decoder reads Whisper's encoder output)."""
+    none (the baseline). `encoder_outputs` are an encoder-decoder target's: an assistant reads them only where it
+    has no encoder of its own (distil-Whisper's decoder reads Whisper's encoder output) or its encoder is the
+    target's; any other runs its own (`encoders.assistant_encoder_outputs`)."""
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
         raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     if assistant_model is None:
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
     if tokenizer is None:
+        encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs)
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
                                                    encoder_outputs=encoder_outputs, assistant=True), eos)
     else:

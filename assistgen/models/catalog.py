@@ -18,6 +18,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
 ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU multiplies it in hardware, else the model's dtype
 PACK_FORMATS = ("gguf", "ct2_whisper")
+DEVICE_TYPES = ("cpu", "cuda")
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "models.yaml"
 
 
@@ -45,6 +46,10 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     decoder_only: bool = False      # load only the decoder (a distil-Whisper assistant sharing the target's encoder)
     encoder_dtype: str | None = None   # an encoder-decoder's encoder in bfloat16 on a CPU that computes it natively
+    parameters: int | None = None   # the published count (as loaded: a decoder_only model's decoder), for sizes and
+                                    # estimates before its weights are downloaded
+    languages: tuple[str, ...] = ()   # the only languages it was trained on (distil-Whisper: English), whatever its
+                                      # tokenizer knows; empty: what its tokenizer says
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class PairSpec:
     num_assistant_tokens: int = 5
     schedule: str = "heuristic"
     draft_source: str = "assistant"
+    default_on: tuple[str, ...] = DEVICE_TYPES   # the device types where it may be its tasks' default
+    click_s: tuple[tuple[str, float], ...] = ()   # (hardware, estimated seconds a click takes there)
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,8 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     where = _Where(path, f"model {name!r}")
     raw = where.mapping(raw)
     where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "max_memory", "offload_folder",
-                                           "eos_token_ids", "decoder_only", "encoder_dtype"})
+                                           "eos_token_ids", "decoder_only", "encoder_dtype", "parameters",
+                                           "languages"})
     sources = [s for s in SOURCES if s in raw]
     if len(sources) != 1:
         raise where.error(None, f"needs exactly one source key out of {', '.join(SOURCES)}; found {sources or 'none'}")
@@ -178,6 +186,12 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
     if encoder_dtype and (raw.get("quantization", "none") != "none" or raw.get("device_map")):
         raise where.error("encoder_dtype", "applies to a float model wholly in memory: not with quantization or "
                                            "device_map")
+    parameters = where.get(raw, "parameters", int, default=None)
+    if parameters is not None and parameters < 1:
+        raise where.error("parameters", f"must be a positive count, got {parameters}")
+    languages = where.get(raw, "languages", list, default=[])
+    if not all(isinstance(code, str) and code for code in languages):
+        raise where.error("languages", f"expected a list of language codes such as [en], got {languages!r}")
     return ModelSpec(name=name, source=source, location=location,
                      dtype=where.get(raw, "dtype", str, default="auto", choices=DTYPES),
                      quantization=where.get(raw, "quantization", str, default="none", choices=QUANTIZATIONS),
@@ -185,7 +199,7 @@ def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec
                      max_memory=tuple((str(device), size) for device, size in max_memory.items()),
                      offload_folder=where.get(raw, "offload_folder", str, default=None),
                      eos_token_ids=tuple(eos), decoder_only=where.get(raw, "decoder_only", bool, default=False),
-                     encoder_dtype=encoder_dtype)
+                     encoder_dtype=encoder_dtype, parameters=parameters, languages=tuple(languages))
 
 
 def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> PairSpec:
@@ -193,7 +207,8 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
     raw = where.mapping(raw)
     name = where.get(raw, "name", str)
     where = _Where(path, f"pair {name!r}")
-    where.unknown_keys(raw, {"name", "description", "tasks", "target", "assistant", "prompt_style", "defaults"})
+    where.unknown_keys(raw, {"name", "description", "tasks", "target", "assistant", "prompt_style", "defaults",
+                             "default_on", "click_s"})
     tasks = where.get(raw, "tasks", list)
     if not tasks or any(task not in TASKS for task in tasks):
         raise where.error("tasks", f"expected a non-empty list out of {', '.join(TASKS)}, got {tasks!r}")
@@ -218,12 +233,19 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
     style = where.get(raw, "prompt_style", str, choices=PROMPT_STYLES)
     if ("asr" in tasks) != (style == "asr") or ("asr" in tasks and len(tasks) > 1):
         raise where.error("prompt_style", "a speech pair has only the task 'asr' and prompt_style 'asr'")
+    default_on = where.get(raw, "default_on", list, default=list(DEVICE_TYPES))
+    if not default_on or any(device not in DEVICE_TYPES for device in default_on):
+        raise where.error("default_on", f"expected a non-empty list out of {', '.join(DEVICE_TYPES)}, got {default_on!r}")
+    click_s = where.mapping(raw.get("click_s", {}), "click_s")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in click_s.values()):
+        raise where.error("click_s", f"expected seconds by hardware, e.g. {{cpu-2-cores: 12}}, got {click_s!r}")
     return PairSpec(name=name, description=where.get(raw, "description", str, default=""), tasks=tuple(tasks),
                     target=model("target", True), assistant=model("assistant", False), prompt_style=style,
                     max_new_tokens=max_new, num_assistant_tokens=window,
                     schedule=where.get(defaults, "schedule", str, default="heuristic", choices=SCHEDULE_NAMES),
                     draft_source=where.get(defaults, "draft_source", str, default="assistant",
-                                           choices=tuple(DRAFT_SOURCES)))
+                                           choices=tuple(DRAFT_SOURCES)),
+                    default_on=tuple(default_on), click_s=tuple((str(k), float(v)) for k, v in click_s.items()))
 
 
 def load_catalog(path: str | os.PathLike | None = None) -> Catalog:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import warnings
 from typing import Callable
 
 import torch
@@ -44,12 +45,26 @@ class OneDNNLinear(nn.Module):
         self._backing = backing   # the memory `packed` lives in (`mkldnn_tensor_from_blob`), kept alive with it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._packed(x)
+        except RuntimeError:   # oneDNN refuses the input (its dtype, width or device): do what nn.Linear does
+            return self._plain(x)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if rows >= PAD_BELOW_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
         padded = nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, PACKED_FOR_ROWS - rows))
         out = torch.ops.mkldnn._linear_pointwise(padded, self.weight, self.bias, "none", [], "")
         return out[:rows].reshape(*x.shape[:-1], self.out_features)
+
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain linear layer on the unpacked weight, with a note: a right input gets its right result, a wrong
+        one nn.Linear's own error, never oneDNN's."""
+        warnings.warn(f"a packed linear layer ({self.in_features} -> {self.out_features}) cannot take an input of "
+                      f"shape {tuple(x.shape)}, {x.dtype}, on {x.device}: computed by the plain layer instead",
+                      RuntimeWarning, stacklevel=2)
+        return nn.functional.linear(x, self.weight.to_dense(), self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -16,6 +16,7 @@ from .catalog import Catalog, ModelSpec, PairSpec
 from .conversion import Progress, dynamic_int8_model, packed_stored, packs_onednn, weights_folder
 from .devices import default_device, torch_dtype
 from .packs import PackError, cache_dir
+from .sizing import checkpoint_files
 
 SIZE_RATIO_WARNING = 10.0
 
@@ -34,6 +35,7 @@ class LoadedModel:
     num_bytes: int
     load_s: float
     warm: bool = False          # has run once, so one-time costs are out of the way of timed runs
+    folder: str | None = None   # what transformers loaded it from (a folder, or a hub id)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -277,7 +279,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
             note_failure(spec.name, f"{spec.location}: cannot be fetched from the hub ({reason})")
         raise LoadError(f"{spec.name}: {reason}") from None
     progress(1.0, f"{spec.name}: ready")
-    return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started)
+    return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started,
+                       folder=folder)
 
 
 # --- pair checks ------------------------------------------------------------------------------------------------
@@ -297,6 +300,33 @@ def tokenizer_mode(target_tokenizer, assistant_tokenizer) -> tuple[str, str]:
     return "same-tokenizer", "identical tokenizers: the assistant's drafts are the target's token ids"
 
 
+def encoder_mismatch(target: LoadedModel, assistant: LoadedModel) -> str | None:
+    """Where a decoder-only assistant's checkpoint holds an encoder (distil-Whisper's repositories hold their
+    teacher's), how it differs from the target's, or None when it is the target's, weight for weight (compared in
+    the target's dtype, one tensor at a time), or the checkpoint holds none."""
+    from safetensors import safe_open
+
+    from ..engine.encoders import module_tensors, same_tensors
+    files = checkpoint_files(assistant.spec, assistant.folder) if assistant.folder else None
+    if not files:
+        return None
+    ours = {name: t for name, t in module_tensors(target.model).items() if "encoder" in name.split(".")}
+    seen = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                if "encoder" not in name.split("."):
+                    continue
+                seen += 1
+                if name not in ours:
+                    return f"the target has no tensor {name}"
+                if not same_tensors({name: ours[name]}, {name: f.get_tensor(name)}):
+                    return f"{name} differs"
+    if seen and seen != len(ours):
+        return f"{seen} encoder tensors against the target's {len(ours)}"
+    return None
+
+
 def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | None) -> LoadedPair:
     """Decide how a pair runs, and collect the warnings the user should see."""
     if assistant is None:
@@ -307,6 +337,11 @@ def check_pair(spec: PairSpec, target: LoadedModel, assistant: LoadedModel | Non
         if a_cfg.model_type != "whisper" or a_cfg.d_model != t_cfg.d_model:
             raise LoadError(f"pair {spec.name!r}: the decoder-only assistant cannot read the target's encoder "
                             f"outputs (d_model {getattr(a_cfg, 'd_model', '?')} vs {t_cfg.d_model})")
+        mismatch = encoder_mismatch(target, assistant)
+        if mismatch:
+            raise LoadError(f"pair {spec.name!r}: the decoder-only assistant {assistant.spec.name} was trained on "
+                            f"another encoder than the target's ({mismatch}), so it cannot read the target's "
+                            "encoder output; pair it with the target whose encoder its checkpoint holds")
     elif a_cfg.is_encoder_decoder != t_cfg.is_encoder_decoder:
         raise LoadError(f"pair {spec.name!r}: an encoder-decoder model cannot assist a decoder-only one, "
                         "or the reverse")

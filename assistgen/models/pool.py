@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec, PairSpec
-from .devices import default_device
+from .devices import default_device, memory_bytes
 from .loading import LoadedModel, LoadedPair, Progress, check_pair
 from .prepare import load_prepared
 from .sizing import load_bytes
@@ -15,9 +15,18 @@ from .sizing import load_bytes
 DEFAULT_BUDGET_GB = 14.0
 
 
+GPU_BUDGET_FRACTION = 0.85   # of a GPU's memory, leaving room for activations and KV caches
+
+
 def budget_from_env() -> int:
-    """$ASSISTGEN_MEMORY_BUDGET_GB (default 14 GB: the offline chat and speech pairs together, in fp32)."""
-    return int(float(os.environ.get("ASSISTGEN_MEMORY_BUDGET_GB", DEFAULT_BUDGET_GB)) * 2**30)
+    """$ASSISTGEN_MEMORY_BUDGET_GB; without it, 14 GB on a CPU (the offline chat and speech pairs together, in fp32)
+    and `GPU_BUDGET_FRACTION` of a GPU's memory."""
+    if os.environ.get("ASSISTGEN_MEMORY_BUDGET_GB"):
+        return int(float(os.environ["ASSISTGEN_MEMORY_BUDGET_GB"]) * 2**30)
+    device = default_device()
+    if device.type == "cuda":
+        return int(memory_bytes(device) * GPU_BUDGET_FRACTION)
+    return int(DEFAULT_BUDGET_GB * 2**30)
 
 
 class ModelPool:

@@ -72,20 +72,26 @@ def _hub_parameters(repo_id: str, decoder_only: bool) -> int | None:
                if not (decoder_only and _in_encoder(name)))
 
 
+def checkpoint_files(spec: ModelSpec, folder: str) -> list[Path] | None:
+    """The safetensors files a model was loaded from (`folder`: what transformers loaded, a hub id for the hub)."""
+    root = _hub_snapshot(spec.location) if spec.source == "hub" else Path(folder)
+    return None if root is None else _local_files(root)
+
+
 def parameters(spec: ModelSpec, catalog: Catalog) -> int | None:
     """The number of parameters a model loads (a decoder-only load of an encoder-decoder checkpoint: its decoder's),
-    or None when it cannot be told without downloading the weights."""
+    counted from its weights' headers, else from the hub's metadata or the catalog's published count, else None."""
     folder: Path | None
     if spec.source == "hub":
         folder = _hub_snapshot(spec.location)
         if folder is None:
-            return _hub_parameters(spec.location, spec.decoder_only)
+            return _hub_parameters(spec.location, spec.decoder_only) or spec.parameters
     elif spec.source == "local":
         folder = Path(spec.location).expanduser()
     else:   # packs and GGUF files: converted at load; the project's own packs fit by design
         return None
     files = _local_files(folder)
-    return None if files is None else _counts_from_headers(files, spec.decoder_only)
+    return spec.parameters if files is None else _counts_from_headers(files, spec.decoder_only)
 
 
 def load_bytes(spec: ModelSpec, catalog: Catalog, device: torch.device) -> int | None:

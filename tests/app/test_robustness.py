@@ -288,6 +288,39 @@ def test_a_runaway_generation_stops_at_the_time_limit_with_its_partial_output_an
     still_serves(client)
 
 
+def test_a_cancelled_compare_job_stops_its_run_and_the_worker_takes_the_next_job(served, monkeypatch):
+    """A /compare client that cancels (or goes away) mid-run: its run stops within a few passes, and the next job
+    runs at once, not after the 2,048 passes the cancelled one had left."""
+    _, service, client = served
+    pair = service.pool.pair("tiny-text")
+    passes = []
+    monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.05,
+                                                              passes))
+    started = {}
+    real_stream = service.stream
+
+    def recorded_stream(task, pair_name, **kwargs):
+        started[kwargs["text"]] = len(passes)
+        yield from real_stream(task, pair_name, **kwargs)
+    monkeypatch.setattr(service, "stream", recorded_stream)
+    long = client.submit(task="chat", pair="tiny-text", text="a long run", audio=None, max_new_tokens=1024,
+                         temperature=0, draft_source="assistant", api_name="/compare")
+    while len(passes) < started.get("a long run", 0) + 20:   # the long run is well under way
+        assert not long.done(), long.exception()
+        time.sleep(0.05)
+    long.cancel()
+    at_cancel = len(passes)
+    result = compare(client, text="the next job", max_new_tokens=4)
+    assert result["identical"] is True and result["baseline"]["new_tokens"] == 4
+    # the long run stopped within the passes of a snapshot interval or two (40 each, at most), where it had 2,000
+    # left; the next job started after them and needed a few passes of its own
+    assert started["the next job"] - at_cancel < 100
+    assert len(passes) - at_cancel < 150
+    settled = len(passes)
+    compare(client, text="one more", max_new_tokens=1)   # nothing of the long run runs behind it
+    assert len(passes) - settled < 20
+
+
 # --- 3. load --------------------------------------------------------------------------------------------------------
 
 def _pair_bytes(catalog, name: str) -> int:
@@ -302,7 +335,7 @@ def test_twenty_concurrent_users_complete_or_get_queue_full_and_model_work_is_se
     budget = max(_pair_bytes(catalog, "tiny-text"), _pair_bytes(catalog, "tiny-speech"))  # room for one pair only
     service = Service(catalog, ModelPool(catalog, budget_bytes=budget))
     intervals, resident, started_at, guard = [], [], {}, threading.Lock()
-    real_compare, real_run = assistgen.app.service.compare, service.run
+    real_compare, real_stream = assistgen.app.service.compare, service.stream
 
     def timed_compare(*args, **kwargs):
         start = time.monotonic()
@@ -314,12 +347,12 @@ def test_twenty_concurrent_users_complete_or_get_queue_full_and_model_work_is_se
             with guard:
                 intervals.append((start, time.monotonic()))
 
-    def timed_run(task, pair_name, **kwargs):
+    def timed_stream(task, pair_name, **kwargs):
         started_at[kwargs["text"] or Path(kwargs["audio"]).name] = time.monotonic()
-        return real_run(task, pair_name, **kwargs)
+        yield from real_stream(task, pair_name, **kwargs)
 
     monkeypatch.setattr(assistgen.app.service, "compare", timed_compare)
-    monkeypatch.setattr(service, "run", timed_run)
+    monkeypatch.setattr(service, "stream", timed_stream)
     users = 20
     audio = {}
     for i in range(3, users, 4):  # every fourth user transcribes speech: the pool must swap pairs under load

@@ -1,4 +1,7 @@
 """The engine's contract: assisted greedy output is the target's greedy output, token for token."""
+import copy
+import functools
+
 import pytest
 import torch
 from transformers import GenerationMixin
@@ -183,6 +186,43 @@ def test_decoder_only_whisper_assistant_shares_the_target_encoder():
     assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=20)
     assert assisted.new_tokens == reference
     assert assisted.assistant_passes > 0
+
+
+def _encoder_runs(model) -> list:
+    """Count the calls of a model's encoder."""
+    calls, encoder = [], model.get_encoder()
+    encoder.forward = functools.wraps(encoder.forward)(
+        lambda *args, forward=encoder.forward, **kwargs: calls.append(1) or forward(*args, **kwargs))
+    return calls
+
+
+@pytest.mark.parametrize("family,inputs", [("t5", tm.decoder_inputs), ("whisper", tm.whisper_inputs)])
+def test_a_narrower_encoder_decoder_assistant_runs_its_own_encoder_and_keeps_greedy_output(family, inputs):
+    # the widths of flan-t5-large (1024) and flan-t5-small (512), or of two Whisper sizes of one vocabulary
+    build = getattr(tm, family)
+    target, assistant, inputs = build(0, width=64), build(1, layers=1, width=32), inputs(0)
+    calls = _encoder_runs(assistant)
+    reference = transformers_greedy(target, inputs, 20)
+    assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=20)
+    assert assisted.new_tokens == reference
+    assert assisted.assistant_passes > 0 and len(calls) == 1
+
+
+@pytest.mark.parametrize("family", ["t5", "whisper"])
+def test_an_assistant_reads_the_targets_encoder_output_only_if_its_encoder_has_the_same_weights(family):
+    target, _, inputs = make_pair(family, "self")
+    same = copy.deepcopy(target)   # the target's encoder, a perturbed decoder (T5's embeddings are the encoder's too)
+    same.get_decoder().load_state_dict({name: weight for name, weight in tm.perturbed(target, 0.5, 3).get_decoder(
+    ).state_dict().items() if "embed_tokens" not in name}, strict=False)
+    other = copy.deepcopy(same)                               # one encoder weight differs
+    with torch.no_grad():
+        next(other.get_encoder().parameters()).view(-1)[0] += 1.0
+    reference = transformers_greedy(target, inputs, 16)
+    for assistant, runs in ((target, 0), (same, 0), (other, 1)):
+        calls = _encoder_runs(assistant) if assistant is not target else []
+        assisted = generate(target, inputs, assistant_model=assistant, max_new_tokens=16)
+        assert assisted.new_tokens == reference
+        assert len(calls) == runs
 
 
 def test_suppressed_tokens_are_never_generated_and_match_transformers():

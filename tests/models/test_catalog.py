@@ -26,6 +26,10 @@ def test_the_shipped_catalog_is_valid():
     assert catalog.pair("qwen2.5-coder-1.5b+0.5b").assistant.name == "qwen2.5-coder-0.5b-instruct"
     assert {p.name for p in catalog.pairs_for("asr")} >= {"whisper-base+tiny.en"}
     assert all(pair.tasks for pair in catalog.pairs)
+    for pair in catalog.pairs:   # distil-Whisper: decoder-only, English-only, and its published size
+        if pair.assistant is not None and pair.assistant.location.startswith("distil-whisper/"):
+            assert pair.assistant.decoder_only and pair.assistant.languages == ("en",)
+    assert all(spec.parameters for spec in catalog.models.values() if spec.source == "hub")
 
 
 def test_a_good_catalog_loads_into_frozen_dataclasses(tmp_path):
@@ -70,6 +74,11 @@ def mutate(path_keys, value):
     (mutate(["models", "big"], {"hub": "org/big", "device_map": "auto", "max_memory": {"cpu": "lots"}}),
      "key 'max_memory': cpu: expected a size such as '2GiB'"),
     (mutate(["models", "small"], "org/small"), "model 'small': expected a mapping"),
+    (mutate(["models", "small", "parameters"], 0), "model 'small', key 'parameters': must be a positive count"),
+    (mutate(["models", "small", "languages"], "en"), "model 'small', key 'languages': expected list"),
+    (mutate(["models", "small", "languages"], [""]), "model 'small', key 'languages': expected a list of language"),
+    (mutate(["pairs", 0, "default_on"], ["tpu"]), "pair 'big+small', key 'default_on': expected a non-empty list"),
+    (mutate(["pairs", 0, "click_s"], {"cpu-2-cores": "slow"}), "pair 'big+small', key 'click_s': expected seconds"),
     (mutate(["packs", "p", "files", 0, "sha256"], "abc"), "pack 'p', file 1, key 'sha256': expected 64"),
     (mutate(["packs", "p", "files", 0, "parts"], []), "pack 'p', file 1, key 'parts'"),
     (mutate(["packs", "p", "format"], "zip"), "pack 'p', key 'format'"),

@@ -55,3 +55,13 @@ def test_one_and_two_rows_reach_onednn_padded_to_the_packed_four(monkeypatch, ro
         out = packed(torch.randn(1, rows, 384))
     assert shapes == [computed]
     assert out.shape == (1, rows, 1024)
+
+
+def test_an_input_the_packed_path_cannot_take_goes_to_the_plain_layer_with_a_note():
+    linear, packed = _layer(n_in=32, n_out=16)
+    wide = torch.randn(3, 64)   # another model's width: nn.Linear's own error, not oneDNN's
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as plain:
+        linear(wide)
+    with pytest.warns(RuntimeWarning, match="computed by the plain layer"), pytest.raises(RuntimeError) as error:
+        packed(wide)
+    assert str(error.value) == str(plain.value)

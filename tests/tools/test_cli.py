@@ -92,3 +92,23 @@ def test_compare_takes_the_pages_names_and_the_ids(tiny_catalog_path):
     out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
               "dance", "--text", "x")
     assert out.returncode == 2 and "unknown task 'dance'" in out.stderr
+
+
+def test_fetch_downloads_a_pairs_hub_models_and_fails_clearly_offline(monkeypatch, capsys, tmp_path):
+    import huggingface_hub
+
+    from assistgen.models import availability, fetch
+    from assistgen.tools.cli import main
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    availability.hub_reachable.cache_clear()
+    assert main(["fetch", "--pair", "whisper-small.en+distil-small.en"]) == 2
+    assert "cannot fetch openai/whisper-small.en: the hub is switched off here (HF_HUB_OFFLINE=1)" in (
+        capsys.readouterr().err)
+    fetched = []
+    monkeypatch.setattr(fetch, "hub_reachable", lambda: (True, "the hub is reachable"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, allow_patterns: fetched.append(
+        (repo, allow_patterns)) or str(tmp_path / repo))
+    assert main(["fetch", "--pair", "whisper-small.en+distil-small.en"]) == 0
+    assert [repo for repo, _ in fetched] == ["openai/whisper-small.en", "distil-whisper/distil-small.en"]
+    assert all("*.safetensors" in patterns and not any("bin" in p for p in patterns) for _, patterns in fetched)
+    availability.hub_reachable.cache_clear()

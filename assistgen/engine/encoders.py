@@ -1,0 +1,76 @@
+"""Whose encoder output an encoder-decoder target's assistant reads: the target's, or its own.
+
+The target's encoder output is only the right input for a decoder that was trained on it: a decoder-only assistant
+(distil-Whisper's decoder, or a Whisper model's own decoder loaded alone), or an assistant whose encoder is the
+target's (the same shapes and the same weights). Any other assistant runs its own encoder: its cross-attention
+expects its own width (flan-t5-small's 512 against flan-t5-large's 1024) and its own representation.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from . import kv
+from .retokenizing import clip_encoder_outputs
+
+# assistant encoder -> (the target encoder it was compared with, whether they are equal): compared once per pair
+_verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_dense() if tensor.is_mkldnn else tensor   # a linear weight packed in oneDNN's layout
+
+
+def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by name, the non-persistent ones too (a packed linear keeps its weight in one)."""
+    return {**dict(module.named_parameters()), **{n: b for n, b in module.named_buffers() if b is not None}}
+
+
+def same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """Whether two sets of named tensors have the same names, shapes and values (compared in `a`'s dtype and on its
+    device)."""
+    if a.keys() != b.keys() or any(a[n].shape != b[n].shape for n in a):
+        return False
+    return all(x is y or torch.equal(_dense(x), _dense(y).to(x.device, x.dtype)) for x, y in ((a[n], b[n]) for n in a))
+
+
+def same_encoder(target_encoder: nn.Module, assistant_encoder: nn.Module) -> bool:
+    """Whether two encoders are one: the same module, or the same shapes and weights (compared once per pair)."""
+    if target_encoder is assistant_encoder:
+        return True
+    seen = _verdicts.get(assistant_encoder)
+    if seen is not None and seen[0]() is target_encoder:
+        return seen[1]
+    equal = same_tensors(module_tensors(target_encoder), module_tensors(assistant_encoder))
+    _verdicts[assistant_encoder] = (weakref.ref(target_encoder), equal)
+    return equal
+
+
+def reads_target_encoder(model, assistant_model) -> bool:
+    """Whether `assistant_model` drafts from the encoder output of `model` (an encoder-decoder target): when it has
+    no encoder of its own, or its encoder is the target's."""
+    if not model.config.is_encoder_decoder:
+        return False
+    if not assistant_model.config.is_encoder_decoder:
+        return True
+    return same_encoder(model.get_encoder(), assistant_model.get_encoder())
+
+
+def assistant_encoder_outputs(model, assistant_model, inputs: dict, target_outputs):
+    """The encoder output an assistant of the same vocabulary reads: the target's where it may
+    (`reads_target_encoder`); else None, for the assistant to run its own encoder on the inputs, except a Whisper
+    one, whose encoder runs here over the clip's own frames only (`kv.ASSISTANT_AUDIO_MARGIN_S`)."""
+    if target_outputs is None or reads_target_encoder(model, assistant_model):
+        return target_outputs
+    features = inputs.get("input_features")
+    if features is None:
+        return None
+    if assistant_model.config.num_mel_bins != features.shape[1]:
+        raise ValueError("the assistant expects other audio features than the target "
+                         f"({assistant_model.config.num_mel_bins} vs {features.shape[1]} mel bins)")
+    frames = inputs.get("attention_mask")
+    if frames is None or kv.ASSISTANT_AUDIO_MARGIN_S is None:
+        return None
+    return clip_encoder_outputs(assistant_model, features, int(frames.sum()), kv.ASSISTANT_AUDIO_MARGIN_S)
