@@ -146,6 +146,17 @@ def windows_text(result: dict) -> str | None:
             "figures are in the JSON).")
 
 
+def end_to_end_text(result: dict) -> str | None:
+    """Speech: the whole path from the file, its decoding and features (done once, shared by both runs) added to
+    each run's model time."""
+    prep, total = result.get("prep"), result.get("end_to_end_s")
+    if not prep or not total:
+        return None
+    return (f"From the file: decoding {prep.get('audio_decode_s', 0):.2f} s and features {prep.get('features_s', 0):.2f}"
+            f" s, shared by both runs; end to end the baseline took {total['baseline']:.2f} s and assisted generation "
+            f"{total['assisted']:.2f} s.")
+
+
 def summary_html(result: dict) -> str:
     identical = result["identical"]
     stability = result.get("stability") or {}
@@ -165,7 +176,7 @@ def summary_html(result: dict) -> str:
               f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix. A fixed target "
               "pass was timed before, between and after them"
               + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
-    for line in (language_text(result), windows_text(result)):
+    for line in (language_text(result), windows_text(result), end_to_end_text(result)):
         if line:
             parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")
     for warning in result.get("warnings", []):

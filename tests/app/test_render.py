@@ -91,3 +91,12 @@ def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_
                                             Step([4], 0, [7], 5, 0.01, 0.03)], 3, 3, 0.6, "eos", 0.4)
     text = explanation({"baseline": run_figures(plain, "x"), "assisted": run_figures(rejected, "x")})
     assert "The target ran" not in text and "A verifying pass cost 1.50× a plain one, and drafting added 0.02 s." in text
+
+
+def test_speech_shows_the_whole_path_from_the_file_and_text_does_not():
+    from assistgen.app.render import end_to_end_text
+    speech = {"prep": {"audio_decode_s": 0.031, "features_s": 0.052}, "end_to_end_s": {"baseline": 1.283,
+                                                                                      "assisted": 0.583}}
+    line = end_to_end_text(speech)
+    assert "decoding 0.03 s and features 0.05 s" in line and "baseline took 1.28 s" in line and "0.58 s" in line
+    assert end_to_end_text({"prep": None}) is None
