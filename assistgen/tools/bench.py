@@ -287,7 +287,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
     peers = peers or [{} for _ in pairs]
     timed = [(item, [timed_inputs(pair, item) for pair in pairs]) for item in items]
     prepared = [(item, [inputs for inputs, _ in both]) for item, both in timed]
-    preps = {item.name: [prep for _, prep in both] for item, both in timed}
+    preps = {id(item): [prep for _, prep in both] for item, both in timed}
     for i, pair in enumerate(pairs):
         warm_up(pair, first_inputs(prepared[0][1][i]))
         for adapter in peers[i].values():   # a short run of each variant: one-time costs hit no timed run
@@ -329,7 +329,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
                                  "error": run["error"]})
                     continue
                 rows.append(_row(pair, item, repeat, temperature, config, run, runs[p][BASELINE], reference,
-                                 preps[item.name][p]))
+                                 preps[id(item)][p]))
                 if log is not None:  # a line per run as it lands: a long benchmark can be followed, survives a stop
                     log.write(json.dumps(rows[-1]) + "\n")
                     log.flush()
