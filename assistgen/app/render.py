@@ -154,6 +154,17 @@ def draft_source_words(result: dict) -> str:
     return DRAFT_SOURCES.get(result["draft_source"], result["draft_source"])
 
 
+def end_to_end_text(result: dict) -> str | None:
+    """Speech: the whole path from the file, its decoding and features (done once, shared by both runs) added to
+    each run's model time."""
+    prep, total = result.get("prep"), result.get("end_to_end_s")
+    if not prep or not total:
+        return None
+    return (f"From the file: decoding {prep.get('audio_decode_s', 0):.2f} s and features {prep.get('features_s', 0):.2f}"
+            f" s, shared by both runs; end to end the baseline took {total['baseline']:.2f} s and assisted generation "
+            f"{total['assisted']:.2f} s.")
+
+
 def summary_html(result: dict) -> str:
     identical = result["identical"]
     stability = result.get("stability") or {}
@@ -176,7 +187,7 @@ def summary_html(result: dict) -> str:
     if result.get("machine"):
         machine = html.escape(machine_text(result["machine"]))
         parts.append(f"<div class='ag-note' id='ag-machine'><b>Machine:</b> {machine}.</div>")
-    for line in (language_text(result), windows_text(result)):
+    for line in (language_text(result), windows_text(result), end_to_end_text(result)):
         if line:
             parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")
     for warning in result.get("warnings", []):

@@ -12,7 +12,7 @@ import numpy as np
 from ..comparison.audio import load_audio, max_audio_seconds
 from ..models.catalog import Catalog, PairSpec
 from ..choices import DRAFT_SOURCES, TASKS
-from ..comparison.compare import Comparison, Settings, compare, warm_up
+from ..comparison.compare import Comparison, PrepTimer, Settings, compare, warm_up
 from ..models.availability import pair_availability
 from ..models.devices import default_device, hardware, hardware_key
 from ..models.loading import LoadError, LoadedPair
@@ -133,10 +133,11 @@ class Service:
         Speech: `language` is a code the target knows, or None / "auto" to let the target detect it; a recording
         longer than 30 s runs window by window."""
         check_request(self.catalog, task, pair_name)
-        samples = None
+        samples, prep = None, PrepTimer()
         if task == "asr":
             try:
-                samples = load_audio(audio, max_seconds=self.max_audio_seconds)
+                with prep.part("audio_decode_s"):
+                    samples = load_audio(audio, max_seconds=self.max_audio_seconds)
             except InputError as exc:
                 raise UserError(str(exc)) from None
         elif not isinstance(text, str) or not text.strip():
@@ -149,7 +150,8 @@ class Service:
                 if task == "asr":
                     spoken = self.speech_language(pair, samples, language)
                     emit("language", spoken)
-                    inputs = speech_windows(pair, samples, language=spoken["code"])
+                    with prep.part("features_s"):
+                        inputs = speech_windows(pair, samples, language=spoken["code"])
                 else:
                     inputs = text_inputs(pair, task, text, target_language=target_language,
                                          max_input_tokens=self.max_input_tokens)
@@ -159,7 +161,7 @@ class Service:
                                on_assisted_step=lambda step: emit("assisted", step),
                                on_phase=lambda name: emit("phase", name),
                                on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
-                               language=spoken)
+                               language=spoken, prep=prep.seconds if task == "asr" else None)
             except InputError as exc:
                 raise UserError(str(exc)) from None
             except LoadError as exc:

@@ -1,7 +1,9 @@
 """Baseline, then assisted, on the same input: the figures the app, the CLI and the API all show."""
 from __future__ import annotations
 
+import contextlib
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -97,6 +99,7 @@ class Comparison:
     language: dict | None = None         # speech: {"code": ..., "detected": bool, "probability": ...}
     windows: list[tuple[float, float]] | None = None   # a long recording's windows, (start, end) in seconds
     drafting_off: str | None = None      # why the assistant did not draft (the assisted run decoded plainly)
+    prep: dict | None = None             # speech: seconds from the file to the model inputs, shared by both runs
 
     @property
     def speedup(self) -> float:
@@ -141,7 +144,10 @@ class Comparison:
             "cost_ratio": None if c is None else round(c, 4),
             "stability": None if self.stability is None else self.stability.to_dict(),
             "warnings": self.warnings(), "mode_reason": self.pair.mode_reason,
-            "language": self.language, "windows": self.window_figures(),
+            "language": self.language, "windows": self.window_figures(), "prep": self.prep,
+            **({"end_to_end_s": {name: round(run.latency_s + sum(self.prep.values()), 4)
+                                 for name, run in (("baseline", self.baseline), ("assisted", self.assisted))}}
+               if self.prep else {}),
         }
 
     def window_figures(self) -> list[dict] | None:
@@ -258,6 +264,21 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     return joined(results)
 
 
+class PrepTimer:
+    """Seconds from an uploaded file to the model inputs, by part: `with timer.part("audio_decode_s"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
 def first_inputs(inputs: Inputs) -> dict:
     """The model inputs of a single input, or of a recording's first window."""
     return inputs if isinstance(inputs, dict) else inputs[0].inputs
@@ -325,14 +346,16 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
             on_assisted_step: Callable[[Step], None] | None = None,
             on_phase: Callable[[str], None] | None = None,
             on_window: Callable[[str, int, int, SpeechWindow], None] | None = None,
-            language: dict | None = None) -> Comparison:
+            language: dict | None = None, prep: dict | None = None) -> Comparison:
     """Run the baseline, then assisted generation, one after the other (never concurrently: timings would mix),
     bracketed by a speed probe before, between and after, so that a machine whose speed moved is reported.
 
     `inputs` is one input, or a long recording's windows (each run goes through all of them). `on_phase` hears
     "warm-up", "probe", "baseline", "probe", "assisted", "probe" as each begins; `on_window` hears ("baseline" or
     "assisted", index, count, window) as each window begins. `language` (speech: the code, and whether it was
-    detected) is reported as given.
+    detected) is reported as given, and so is `prep` (speech: {"audio_decode_s": the file decoded to 16 kHz mono,
+    "features_s": the windows' features}, done once and shared by both runs: `PrepTimer`), which each run's
+    end-to-end latency adds to its own.
     """
     settings.validate()
     phase = on_phase or (lambda name: None)
@@ -361,4 +384,4 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     spans = None if isinstance(inputs, dict) else [(w.start_s, w.end_s) for w in inputs]
     return Comparison(pair, task, settings, draft_source or "none", baseline, assisted,
                       decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability,
-                      language=language, windows=spans, drafting_off=off)
+                      language=language, windows=spans, drafting_off=off, prep=prep)

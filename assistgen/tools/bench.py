@@ -20,6 +20,7 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from ..models.devices import dtype_name
 from ..models.loading import offloaded
 from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
+from .peers import LLAMA_SERVER_ENV, PEERS, llama_server_path, start_peer
 from .report import markdown, plots, summarize
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -59,12 +61,14 @@ class Item:
 
 @dataclass(frozen=True)
 class Config:
-    engine: str          # "assistgen" or "transformers"
+    engine: str          # "assistgen", "transformers", or a peer engine ("llama.cpp", "faster-whisper": tools.peers)
     draft_source: str | None   # None for the baseline, else one of choices.DRAFT_SOURCES
-    schedule: str | None       # None for the baseline
+    schedule: str | None       # None for the baseline; a peer engine's variant ("plain", "int8", ...)
 
     @property
     def label(self) -> str:
+        if self.engine not in ("assistgen", "transformers"):
+            return f"{self.engine} {self.schedule}"
         if self.draft_source is None:
             return "baseline"
         if self.engine == "transformers":
@@ -153,9 +157,13 @@ def _peer(pair, inputs: dict, settings: Settings, schedule: str) -> tuple[list[i
     return sequence[len(prefix):] if sequence[:len(prefix)] == prefix else sequence, elapsed
 
 
-def run_once(pair, task: str, inputs, settings: Settings, config: Config) -> dict:
+def run_once(pair, task: str, inputs, settings: Settings, config: Config, *, item: Item | None = None,
+             peers: dict | None = None) -> dict:
     """One run of one configuration, our loop deciding its draft source as the app does (no drafts where the
-    assistant cannot help)."""
+    assistant cannot help); a peer engine's through its adapter (`peers`, by engine)."""
+    if peers and config.engine in peers:
+        run = peers[config.engine].run(config.schedule, item, inputs, settings)
+        return {"window_tokens": run.window_tokens, "latency_s": run.latency_s, "result": None, "peer": run.detail}
     if config.engine == "transformers":   # a recording's windows one after the other, as ours
         runs = [_peer(pair, window, settings, config.schedule) for window in
                 ([inputs] if isinstance(inputs, dict) else [w.inputs for w in inputs])]
@@ -186,15 +194,23 @@ def same_output(a: list[list[int]], b: list[list[int]], eos: set[int]) -> bool:
 
 
 def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run: dict, baseline: dict,
-         reference: dict | None) -> dict:
+         reference: dict | None, prep: dict | None = None) -> dict:
     result: GenerationResult | None = run["result"]
     identical = same_output(run["window_tokens"], baseline["window_tokens"], set(pair.target.eos_token_ids))
+    new_tokens = sum(map(len, run["window_tokens"]))
     row = {"pair": pair.spec.name, "suite": item.suite, "task": item.task, "item": item.name, "repeat": repeat,
            "temperature": temperature, "config": config.label, "engine": config.engine,
            "draft_source": config.draft_source, "schedule": config.schedule, "latency_s": round(run["latency_s"], 4),
-           "new_tokens": sum(map(len, run["window_tokens"])), "baseline_latency_s": round(baseline["latency_s"], 4),
+           "new_tokens": new_tokens, "baseline_latency_s": round(baseline["latency_s"], 4),
+           "tokens_per_s": round(new_tokens / run["latency_s"], 3) if run["latency_s"] > 0 else None,
            "speedup": round(baseline["latency_s"] / run["latency_s"], 4) if run["latency_s"] > 0 else None,
            "identical": identical if temperature == 0 else None}
+    if prep is not None:   # speech: the file's decoding and features, shared by our columns; a peer times its own
+        row.update(prep)
+        row["end_to_end_s"] = round(run["latency_s"] + (0.0 if "peer" in run else sum(prep.values())), 4)
+        row["baseline_end_to_end_s"] = round(baseline["latency_s"] + sum(prep.values()), 4)
+    if "peer" in run:
+        row.update(run["peer"])
     if reference is not None and run["latency_s"] > 0:   # the first pair's baseline on this item
         row["reference_speedup"] = round(reference["latency_s"] / run["latency_s"], 4)
     if result is not None:
@@ -215,8 +231,10 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
 
 # --- the loop -------------------------------------------------------------------------------------------------------
 
-def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | None, peer: bool) -> list[Config]:
-    """The baseline, then each draft source with each schedule (the pair's own when None)."""
+def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | None, peer: bool,
+                peers: dict | None = None) -> list[Config]:
+    """The baseline, then each draft source with each schedule (the pair's own when None), transformers' peer, and
+    each variant of each peer engine (`peers`, by engine)."""
     schedules = schedules or [pair.spec.schedule]
     draft_sources = draft_sources or [pair.spec.draft_source]
     configs = [BASELINE]
@@ -229,33 +247,55 @@ def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | No
         # (20 tokens, constant, confidence threshold 0.4)
         configs += [Config("transformers", "assistant", s) for s in dict.fromkeys(
             ["heuristic" if s == "adaptive" else s for s in schedules] + [TRANSFORMERS_DEFAULTS])]
+    for engine, adapter in (peers or {}).items():
+        configs += [Config(engine, None, variant) for variant in adapter.variants]
     return configs
 
 
 def model_inputs(pair, item: Item):
     """An item's inputs: a prompt, or a recording's windows in the language the target detects in it."""
+    return timed_inputs(pair, item)[0]
+
+
+def timed_inputs(pair, item: Item) -> tuple:
+    """(an item's inputs, for a recording the seconds its preparation took: {"audio_decode_s": the file decoded to
+    16 kHz mono, "features_s": its windows' log-mel features and prefixes}, else None). The spoken language's
+    detection (a target pass) is left out: every run, ours and the peers', is given the language it found."""
     from ..comparison.audio import load_audio
     from ..comparison.speech import detect_language, speech_windows
     from ..comparison.tasks import text_inputs
-    if item.task == "asr":
-        samples = load_audio(item.audio)
-        return speech_windows(pair, samples, language=detect_language(pair, samples)[0])
-    return text_inputs(pair, item.task, item.text, target_language=item.target_language)
+    if item.task != "asr":
+        return text_inputs(pair, item.task, item.text, target_language=item.target_language), None
+    start = time.perf_counter()
+    samples = load_audio(item.audio)
+    decoded = time.perf_counter()
+    language = detect_language(pair, samples)[0]
+    detected = time.perf_counter()
+    windows = speech_windows(pair, samples, language=language)
+    prep = {"audio_decode_s": round(decoded - start, 4), "features_s": round(time.perf_counter() - detected, 4)}
+    return windows, prep
 
 
 def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
               schedules: list[str] | None, repeats: int, max_new_tokens: int | None,
               num_assistant_tokens: int | None = None,
-              peer: bool = False, progress=None, log=None) -> list[dict]:
+              peer: bool = False, peers: list[dict] | None = None, progress=None, log=None) -> list[dict]:
     """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
-    per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it."""
+    per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it. `peers`: for each pair, its
+    peer engines' adapters by engine (`tools.peers`), run on the same items, interleaved with ours."""
     pairs = pairs if isinstance(pairs, (list, tuple)) else [pairs]
-    prepared = [(item, [model_inputs(pair, item) for pair in pairs]) for item in items]
+    peers = peers or [{} for _ in pairs]
+    timed = [(item, [timed_inputs(pair, item) for pair in pairs]) for item in items]
+    prepared = [(item, [inputs for inputs, _ in both]) for item, both in timed]
+    preps = {id(item): [prep for _, prep in both] for item, both in timed}
     for i, pair in enumerate(pairs):
         warm_up(pair, first_inputs(prepared[0][1][i]))
+        for adapter in peers[i].values():   # a short run of each variant: one-time costs hit no timed run
+            for variant in adapter.variants:
+                adapter.run(variant, prepared[0][0], prepared[0][1][i], Settings(max_new_tokens=2))
     plan = [(repeat, temperature, item, inputs) for repeat in range(repeats) for temperature in temperatures
             for item, inputs in prepared]
-    configs = [configs_for(pair, draft_sources, schedules, peer) for pair in pairs]
+    configs = [configs_for(pair, draft_sources, schedules, peer, peers[p]) for p, pair in enumerate(pairs)]
     total = len(plan) * sum(len(c) for c in configs)
     rows, done = [], 0
     for n, (repeat, temperature, item, inputs) in enumerate(plan):
@@ -270,9 +310,10 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
                                     schedule=config.schedule if config.schedule in SCHEDULE_NAMES
                                     else "heuristic").validate()
                 try:
-                    runs[p][config] = run_once(pair, item.task, inputs[p], settings, config)
+                    runs[p][config] = run_once(pair, item.task, inputs[p], settings, config, item=item,
+                                               peers=peers[p])
                 except Exception as exc:  # a peer that cannot run this pair is a finding, not a crash; ours must run
-                    if config.engine != "transformers":
+                    if config.engine == "assistgen":
                         raise
                     runs[p][config] = {"error": f"{type(exc).__name__}: {exc}"}
                 done += 1
@@ -287,7 +328,8 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
                                  "temperature": temperature, "config": config.label, "engine": config.engine,
                                  "error": run["error"]})
                     continue
-                rows.append(_row(pair, item, repeat, temperature, config, run, runs[p][BASELINE], reference))
+                rows.append(_row(pair, item, repeat, temperature, config, run, runs[p][BASELINE], reference,
+                                 preps[id(item)][p]))
                 if log is not None:  # a line per run as it lands: a long benchmark can be followed, survives a stop
                     log.write(json.dumps(rows[-1]) + "\n")
                     log.flush()
@@ -340,7 +382,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-assistant-tokens", type=int, default=None,
                    help="the initial window (default: each pair's own)")
     p.add_argument("--repeats", type=int, default=1, help="runs of every item and configuration (default 1)")
-    p.add_argument("--peer", action="store_true", help="also run transformers' generate(assistant_model=...)")
+    p.add_argument("--peer", action="append", nargs="?", const="transformers", default=[],
+                   choices=("transformers",) + tuple(PEERS), metavar="ENGINE",
+                   help="also run a peer (repeatable): transformers' generate(assistant_model=...) (--peer alone), "
+                        "llama.cpp on the target's (and the assistant's, as draft) GGUF files, or faster-whisper on "
+                        "the Whisper target's model.bin (int8 and float32); the last two need "
+                        "requirements-peers.txt and, for llama.cpp, a llama-server build")
+    p.add_argument("--llama-server", metavar="PATH", default=None,
+                   help=f"llama.cpp's server binary for --peer llama.cpp (default ${LLAMA_SERVER_ENV})")
     p.add_argument("--verify-curve", action="store_true",
                    help="also time verify(k), a target pass over k rows, for k from 1 to 32 (table and plot)")
     p.add_argument("--no-floor", action="store_true", help="skip the memory-bandwidth measurement")
@@ -366,15 +415,48 @@ def run(args: argparse.Namespace) -> int:
     """`python -m assistgen bench`, with its parsed arguments."""
     from ..models.catalog import CatalogError, load_catalog
     from .terminal import CliError, load_pair, progress_bar
+    engines = [engine for engine in dict.fromkeys(args.peer) if engine != "transformers"]
+    started: list = []
     try:
         catalog = load_catalog(args.catalog)
         specs = [catalog.pair(name) for name in dict.fromkeys(args.pair)]
         items = _items(args, specs)
+        if "llama.cpp" in engines:   # before minutes of loading: how to build it
+            llama_server_path(args.llama_server)
         pairs = [load_pair(catalog, spec) for spec in specs]
-    except (CatalogError, CliError, KeyError, ValueError, OSError) as exc:
+        peers = []
+        logs = Path(tempfile.mkdtemp(prefix="assistgen-peers-")) if engines else None
+        for pair in pairs:
+            peers.append({})
+            for engine in engines:
+                peers[-1][engine] = start_peer(engine, pair, catalog, llama_server=args.llama_server, log_dir=logs)
+                started.append(peers[-1][engine])
+    except (CatalogError, CliError, KeyError, ValueError, OSError, RuntimeError) as exc:
+        for adapter in started:
+            adapter.close()
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    try:
+        return _run(args, out=Path(args.out), specs=specs, items=items, pairs=pairs, peers=peers)
+    finally:
+        for adapter in started:
+            adapter.close()
+
+
+def _peer_meta(peers: dict) -> dict:
+    """Each peer engine's variants, version and settings, for the results."""
+    import importlib.metadata
+    meta = {}
+    for engine, adapter in peers.items():
+        package = {"faster-whisper": "faster-whisper"}.get(engine)
+        meta[engine] = {"variants": list(adapter.variants),
+                        "version": importlib.metadata.version(package) if package else None,
+                        "settings": getattr(adapter, "settings", None)}
+    return meta
+
+
+def _run(args, *, out: Path, specs, items, pairs, peers) -> int:
+    from .terminal import progress_bar
     out.mkdir(parents=True, exist_ok=True)
     import transformers
     first = pairs[0]
@@ -390,7 +472,8 @@ def run(args: argparse.Namespace) -> int:
             "items": {i.name: i.text or i.audio for i in items},
             # whether a first adaptive run starts from what an earlier process measured (comparison.schedule_store)
             "stored_schedules": {p.spec.name: bool((path := schedule_store.store_path(p)) and path.is_file())
-                                 for p in pairs}}
+                                 for p in pairs},
+            "peers": {p.spec.name: _peer_meta(own) for p, own in zip(pairs, peers) if own}}
     if not args.no_floor and first.target.model.device.type == "cpu":
         bandwidth = memory_bandwidth_gb_s()
         # an offloaded target's weights come back from disk at every pass: memory bandwidth does not bound it
@@ -403,7 +486,8 @@ def run(args: argparse.Namespace) -> int:
         with open(out / "runs.jsonl", "w") as log:
             rows = run_bench(pairs, items, temperatures=args.temperatures, draft_sources=args.draft_sources,
                              schedules=args.schedules, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
-                             num_assistant_tokens=args.num_assistant_tokens, peer=args.peer, progress=report, log=log)
+                             num_assistant_tokens=args.num_assistant_tokens, peer="transformers" in args.peer,
+                             peers=peers, progress=report, log=log)
     except Exception as exc:  # an input the pair cannot take: say which
         bar.close()
         print(f"error: {exc}", file=sys.stderr)

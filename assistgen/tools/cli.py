@@ -90,7 +90,7 @@ def cmd_compare(args) -> int:
     from ..app.service import Service
     from ..app.validation import UserError
     from ..comparison.audio import load_audio
-    from ..comparison.compare import Settings, compare
+    from ..comparison.compare import PrepTimer, Settings, compare
     from ..comparison.speech import speech_windows
     from ..comparison.tasks import InputError, text_inputs
     catalog = load_catalog(args.catalog)
@@ -109,7 +109,9 @@ def cmd_compare(args) -> int:
                         schedule=args.schedule or spec.schedule, seed=args.seed)
     try:
         settings.validate()
-        audio = load_audio(args.audio) if args.task == "asr" else None
+        prep = PrepTimer()
+        with prep.part("audio_decode_s"):
+            audio = load_audio(args.audio) if args.task == "asr" else None
     except (ValueError, InputError) as exc:
         raise CliError(str(exc)) from None
     pair = load_pair(catalog, spec)
@@ -117,12 +119,14 @@ def cmd_compare(args) -> int:
     try:
         if args.task == "asr":
             language = Service.speech_language(pair, audio, args.language)
-            inputs = speech_windows(pair, audio, language=language["code"])
+            with prep.part("features_s"):
+                inputs = speech_windows(pair, audio, language=language["code"])
         else:
             inputs = text_inputs(pair, args.task, args.text, target_language=args.target_language)
     except (InputError, UserError) as exc:
         raise CliError(str(exc)) from None
-    result = compare(pair, args.task, inputs, settings, language=language).to_dict()
+    result = compare(pair, args.task, inputs, settings, language=language,
+                     prep=prep.seconds if args.task == "asr" else None).to_dict()
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
@@ -134,9 +138,9 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import draft_source_words, explanation, language_text, windows_text
+    from ..app.render import draft_source_words, end_to_end_text, explanation, language_text, windows_text
     from ..models.machine import machine_text
-    for line in (language_text(result), windows_text(result)):
+    for line in (language_text(result), windows_text(result), end_to_end_text(result)):
         if line:
             print(line)
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"

@@ -51,7 +51,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             "identical_share": sum(identical) / len(identical) if identical else None,
             "ms_per_token": _median(r.get("ms_per_token") for r in group),
             **{key: _median(r.get(key) for r in group) for key in ("prompt_s", "drafting_s", "verifying_s",
-                                                                   "s_per_pass")},
+                                                                   "s_per_pass", "tokens_per_s", "end_to_end_s",
+                                                                   "baseline_end_to_end_s", "audio_decode_s",
+                                                                   "features_s")},
+            "engine": group[0].get("engine", "assistgen"),
+            "tokens_per_s_min": min((r["tokens_per_s"] for r in group if r.get("tokens_per_s")), default=None),
+            "tokens_per_s_max": max((r["tokens_per_s"] for r in group if r.get("tokens_per_s")), default=None),
         })
     return summary
 
@@ -76,6 +81,42 @@ def _numerics(meta: dict) -> str:
     bench recorded them."""
     numerics = set((meta.get("target_numerics") or {}).values())
     return "; ".join(sorted(numerics)) if numerics else meta["dtype"]
+
+
+def _engines(meta: dict, summary: list[dict]) -> list[str]:
+    """Every configuration's rate and latency side by side, the peer engines' among ours, with the numerics each ran
+    (none when no peer engine ran)."""
+    if not meta.get("peers"):
+        return []
+    numerics = meta.get("target_numerics") or {}
+    lines = ["", "## Engines side by side", "",
+             "Medians over items x repeats (min–max). Tokens/s: new tokens over the run's latency, the prompt pass "
+             "included. End to end (speech): from the file, its decoding and features included; our columns share "
+             "one decoding and one set of features (`audio_decode_s` + `features_s`, added to each column's model "
+             "time), a peer engine times its own. Identical: the peer's tokens equal our baseline's (for information: "
+             "another engine's numerics may differ).", "",
+             "| pair | suite | temp | engine | configuration | numerics | runs | latency s | end to end s | "
+             "tokens/s (min–max) | identical to our baseline |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(summary, key=_order):
+        engine = s.get("engine", "assistgen")
+        if engine in ("assistgen", "transformers"):
+            kind = numerics.get(s["pair"], meta.get("dtype", ""))
+        else:
+            kind = _peer_numerics(engine, s["config"])
+        lines.append(f"| {s['pair']} | {s['suite']} | {s['temperature']:g} | {engine} | {s['config']} | {kind} | "
+                     f"{s['runs']} | {_dash(s['latency_s'])} | {_dash(s.get('end_to_end_s'))} | "
+                     f"{_dash(s.get('tokens_per_s'), '.1f')} ({_dash(s.get('tokens_per_s_min'), '.1f')}–"
+                     f"{_dash(s.get('tokens_per_s_max'), '.1f')}) | "
+                     f"{'–' if s['config'] == 'baseline' else _dash(s['identical_share'], '.0%')} |")
+    return lines
+
+
+def _peer_numerics(engine: str, config: str) -> str:
+    if engine == "llama.cpp":
+        return "GGUF Q4_K_M" + (" + 0.5B Q4_K_M draft" if config.endswith("speculative") else "")
+    if engine == "faster-whisper":
+        return "CTranslate2 " + config.split()[-1]
+    return ""
 
 
 def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
@@ -107,6 +148,7 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
         lines.append(f"| {s['pair']} | {s['suite']} | {s['temperature']:g} | {s['config']} | {_dash(s['latency_s'])} | "
                      f"{_dash(s['prompt_s'])} | {_dash(s['drafting_s'])} | {_dash(s['verifying_s'])} | "
                      f"{_dash(s['s_per_pass'], '.3f')} |")
+    lines += _engines(meta, summary)
     if len(pairs) > 1:
         lines += ["", f"## Against {pairs[0]}'s baseline", "",
                   f"Each run's latency against the baseline of the first pair ({pairs[0]}) on the same item, repeat "

@@ -44,6 +44,11 @@ def test_compare_endpoint_transcribes_speech(client, tmp_path):
     result = compare(client, task="asr", pair="tiny-speech", text=None, audio=handle_file(str(wav)))
     assert_figures(result)
     assert result["identical"] is True
+    # the whole path from the file: its decoding and features, once for both runs, added to each run's model time
+    prep = result["prep"]
+    assert set(prep) == {"audio_decode_s", "features_s"} and all(v > 0 for v in prep.values())
+    for run in ("baseline", "assisted"):
+        assert result["end_to_end_s"][run] == pytest.approx(result[run]["latency_s"] + sum(prep.values()), abs=2e-4)
 
 
 def test_prompt_lookup_and_sampling_through_the_api(client):

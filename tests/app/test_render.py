@@ -110,3 +110,12 @@ def test_the_summary_names_draft_source_pair_kind_and_machine_in_words():
     assert "assistant + prompt lookup drafts, same tokenizer" in html
     assert "assistant_lookup" not in html and "same-tokenizer" not in html
     assert f"{facts['cpu']}, {facts['cores_used']} of {facts['cores']} cores" in html and "320 ms" in html
+
+
+def test_speech_shows_the_whole_path_from_the_file_and_text_does_not():
+    from assistgen.app.render import end_to_end_text
+    speech = {"prep": {"audio_decode_s": 0.031, "features_s": 0.052}, "end_to_end_s": {"baseline": 1.283,
+                                                                                      "assisted": 0.583}}
+    line = end_to_end_text(speech)
+    assert "decoding 0.03 s and features 0.05 s" in line and "baseline took 1.28 s" in line and "0.58 s" in line
+    assert end_to_end_text({"prep": None}) is None
