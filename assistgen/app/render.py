@@ -165,6 +165,9 @@ def summary_html(result: dict) -> str:
               f"{html.escape(result['mode'])}); never at the same time, so the timings do not mix. A fixed target "
               "pass was timed before, between and after them"
               + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
+    start = (result["assisted"].get("assistant_start") or {}).get("reason")
+    if start:
+        parts.append(f"<div class='ag-note' id='ag-assistant-start'><b>Assistant:</b> {html.escape(start)}.</div>")
     for line in (language_text(result), windows_text(result)):
         if line:
             parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")
