@@ -206,15 +206,16 @@ class PaybackCosts:
 
     - `target_prompt_s`: seconds per token of the target's prompt pass (the first step's);
     - `assistant_over_target`: the assistant's prompt pass over the target's, per token (first the parameter ratio);
-    - `lookup` and `assisted`: seconds per emitted token of steps drafted by lookup alone (or not at all), and of
-      steps once the assistant has started (the prompt steps and the assistant's prompt pass left out).
+    - `lookup`: seconds per emitted token of steps drafted by lookup alone, or not at all (the prompt step left out);
+    - `saving_share`: the share of those seconds that drafting with the assistant saved, once one generation has
+      measured both kinds of step (the assistant's prompt pass left out).
     """
 
     def __init__(self, assistant_over_target: float):
         self.assistant_over_target = assistant_over_target
         self.target_prompt_s: float | None = None
-        self.lookup, self.assisted = Rate(), Rate()
-        self.saving_share: float | None = None   # 1 - assisted / lookup, once both were measured in one generation
+        self.lookup = Rate()
+        self.saving_share: float | None = None
 
     def saving_per_token(self, lookup_s: float | None) -> float | None:
         """Seconds the assistant saves per token against lookup-only decoding at `lookup_s` seconds a token."""
@@ -261,7 +262,7 @@ class PaybackGate:
                     seconds, count = self.assistant_prompt
                     self.costs.assistant_over_target = seconds / count / self._prompt_s
             else:
-                for rate in (self._assisted, self.costs.assisted) if started else (self._lookup, self.costs.lookup):
+                for rate in (self._assisted,) if started else (self._lookup, self.costs.lookup):
                     rate.add(draft_s + now - end, len(tokens) - length)
                 if self._lookup.value and self._assisted.value:
                     self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
