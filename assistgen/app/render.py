@@ -184,6 +184,9 @@ def summary_html(result: dict) -> str:
               f"drafts, {html.escape(MODE_LABELS.get(result['mode'], result['mode']))}); never at the same time, so "
               "the timings do not mix. A fixed target pass was timed before, between and after them"
               + (", and the machine's speed held." if stability.get("stable") else ".") + "</div>"]
+    start = (result["assisted"].get("assistant_start") or {}).get("reason")
+    if start:
+        parts.append(f"<div class='ag-note' id='ag-assistant-start'><b>Assistant:</b> {html.escape(start)}.</div>")
     if result.get("machine"):
         machine = html.escape(machine_text(result["machine"]))
         parts.append(f"<div class='ag-note' id='ag-machine'><b>Machine:</b> {machine}.</div>")

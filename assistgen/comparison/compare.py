@@ -9,6 +9,7 @@ from typing import Callable
 
 from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from ..engine.decoding import GenerationResult, Step, generate, joined
+from ..engine.drafting import PaybackCosts
 from ..engine.schedules import AdaptiveSchedule
 from ..models.loading import LoadedPair
 from ..models.devices import dtype_name
@@ -82,7 +83,8 @@ def run_figures(result: GenerationResult, text: str) -> dict:
             "tokens_per_second": round(result.tokens_per_second, 3), "target_passes": result.target_passes,
             "assistant_passes": result.assistant_passes, "tokens_per_pass": round(result.tokens_per_pass, 3),
             "acceptance_rate": None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
-            "stop_reason": result.stop_reason, "time": time_breakdown(result)}
+            "stop_reason": result.stop_reason, "time": time_breakdown(result),
+            "assistant_start": result.assistant_start}
 
 
 @dataclass
@@ -232,6 +234,8 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
         kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
     elif draft_source not in (None, "assistant"):
         raise ValueError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)} or None, got {draft_source!r}")
+    if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer":
+        kwargs["assistant_payback"] = payback_costs(pair)
 
     # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
     key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
@@ -277,6 +281,16 @@ class PrepTimer:
             yield
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
+
+
+def payback_costs(pair: LoadedPair) -> PaybackCosts:
+    """The pair's measured costs of the assistant's prompt pass and of what it saves, shared by its runs: each starts
+    its assistant only once that pass can pay back (`engine.drafting.PaybackGate`). Before the first measurement the
+    assistant's prompt pass is taken to cost its share of the target's parameters of the target's."""
+    key = ("payback",)
+    if key not in pair.measured_schedules:
+        pair.measured_schedules[key] = PaybackCosts(1 / pair.parameter_ratio)
+    return pair.measured_schedules[key]
 
 
 def first_inputs(inputs: Inputs) -> dict:

@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, CandidateGenerator, Draft,
-                       PromptLookupCandidates)
+from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, CandidateGenerator, Draft, PaybackCosts,
+                       PaybackGate, PromptLookupCandidates)
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
 from .retokenizing import different_tokenizer_source
@@ -45,6 +45,7 @@ class GenerationResult:
     setup_s: float = 0.0                  # before the first step: encoders (Whisper's), KV caches, draft source
     prompt_steps: tuple[int, ...] = (0,)  # the steps that read a prompt: the first, or each window's first (joined)
     windows: list[dict] | None = None     # per window of a joined run: its own figures
+    assistant_start: dict | None = None   # when the assistant started and why (`drafting.PaybackGate.decision`)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -98,25 +99,31 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
 
 def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
                  assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
-                 assistant_tokenizer=None) -> CandidateGenerator | None:
+                 assistant_tokenizer=None, payback: PaybackCosts | None = None,
+                 budget: int = 0) -> CandidateGenerator | None:
     """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
     own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
     both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
     none (the baseline). `encoder_outputs` are an encoder-decoder target's: an assistant reads them only where it
     has no encoder of its own (distil-Whisper's decoder reads Whisper's encoder output) or its encoder is the
-    target's; any other runs its own (`encoders.assistant_encoder_outputs`)."""
+    target's; any other runs its own (`encoders.assistant_encoder_outputs`). With `payback` (pass costs measured on
+    this machine), an assistant with the target's tokenizer and prompt lookup starts only once its prompt pass can pay
+    back within the answer's `budget` (`drafting.PaybackGate`)."""
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
         raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
     if assistant_model is None:
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
+    gate = None
     if tokenizer is None:
         encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs)
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
                                                    encoder_outputs=encoder_outputs, assistant=True), eos)
+        if payback is not None:
+            gate = PaybackGate(source.prefill, payback, budget, synchronized_clock(model.device))
     else:
         source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
                                              assistant_tokenizer)
-    return AssistantWithLookupCandidates(source, eos) if prompt_lookup_num_tokens > 0 else source
+    return AssistantWithLookupCandidates(source, eos, gate=gate) if prompt_lookup_num_tokens > 0 else source
 
 
 def decoder_prefix(model, inputs: dict) -> list[int]:
@@ -162,15 +169,18 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
              num_assistant_tokens_schedule: str | WindowSchedule = "heuristic",
              eos_token_id: int | list[int] | None = None, on_step: Callable[[Step], None] | None = None,
              max_time_s: float | None = None, candidate_generator: CandidateGenerator | None = None,
-             tokenizer=None, assistant_tokenizer=None) -> GenerationResult:
+             tokenizer=None, assistant_tokenizer=None, assistant_payback: PaybackCosts | None = None
+             ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens for one sequence (batch size 1), with transformers' keyword names.
 
     Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
     `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0, which is then also
     the window), from both (an assistant and `prompt_lookup_num_tokens` > 0: lookup where the context repeats
     itself, the assistant elsewhere), from an explicit `candidate_generator`, or from nowhere (the baseline). The
-    schedule is a name from `schedules.SCHEDULES` or a schedule object. This builds the parts; `speculative_decode`
-    runs them.
+    schedule is a name from `schedules.SCHEDULES` or a schedule object. With both an assistant (same tokenizer) and
+    prompt lookup, `assistant_payback` (costs measured on this machine, updated in place for the next generation)
+    starts the assistant only once its prompt pass can pay back; the result's `assistant_start` says when and why.
+    This builds the parts; `speculative_decode` runs them.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -179,21 +189,26 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     started = synchronized_clock(model.device)()
     prefix = decoder_prefix(model, inputs)
     eos = eos_token_ids(model, eos_token_id)
-    target = CachedDecoder(model, inputs, prefix_length=len(prefix))
-    source = candidate_generator if candidate_generator is not None else draft_source(
-        model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
-        prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer)
-    window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
-    schedule = (make_schedule(num_assistant_tokens_schedule, window)
-                if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)
-    sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
     limit = _max_positions(model)
     budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
-    return speculative_decode(target, prefix, eos, source, schedule, sampler, budget, on_step=on_step,
-                              max_time_s=max_time_s, started=started,
-                              stop_reason="max_new_tokens" if budget == max_new_tokens else "max_length")
+    target = CachedDecoder(model, inputs, prefix_length=len(prefix))
+    source = candidate_generator if candidate_generator is not None else draft_source(
+        model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
+        payback=assistant_payback, budget=budget)
+    window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
+    schedule = (make_schedule(num_assistant_tokens_schedule, window)
+                if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)
+    sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
+    result = speculative_decode(target, prefix, eos, source, schedule, sampler, budget, on_step=on_step,
+                                max_time_s=max_time_s, started=started,
+                                stop_reason="max_new_tokens" if budget == max_new_tokens else "max_length")
+    gate = source.gate if isinstance(source, AssistantWithLookupCandidates) else None
+    if gate is not None:
+        result.assistant_start = gate.decision(len(result.new_tokens))
+    return result
 
 
 def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], source: CandidateGenerator | None,

@@ -1,6 +1,7 @@
 """Draft sources behind one narrow protocol: propose candidate tokens for the target to verify."""
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple, Protocol
 
 import torch
@@ -37,6 +38,10 @@ class AssistantCandidates:
     @property
     def passes(self) -> int:
         return self.assistant.passes
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Read `tokens` into the assistant's KV cache (one pass), ahead of drafting after them."""
+        self.assistant.logits(tokens)
 
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         candidates: list[int] = []
@@ -92,13 +97,15 @@ class AssistantWithLookupCandidates:
 
     Lookup tokens cost no model pass. Each carries, as its confidence, how often a lookup token was accepted once
     the ones before it were (learnt online from what the target kept, a prior of 1 in 2), so the adaptive schedule
-    prices both kinds alike. With sampling a lookup token is a deterministic proposal (q is one-hot on it), the
+    prices both kinds alike. With a `PaybackGate`, the assistant waits until its prompt pass can pay back (lookup
+    alone until then). With sampling a lookup token is a deterministic proposal (q is one-hot on it), the
     assistant's are drawn from q: the acceptance rule keeps the output exact for either.
     """
 
     def __init__(self, assistant: CandidateGenerator, eos_token_ids: set[int], *,
-                 min_ngram: int = 2, max_ngram: int = 4):
+                 min_ngram: int = 2, max_ngram: int = 4, gate: PaybackGate | None = None):
         self.assistant = assistant
+        self.gate = gate   # None: the assistant from the first step; else only once its prompt pass pays back
         self.eos = eos_token_ids
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.lookup_accepted, self.lookup_tried = 1.0, 2.0
@@ -144,10 +151,14 @@ class AssistantWithLookupCandidates:
 
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         self._learn(tokens)
+        if self.gate is not None:
+            self.gate.begin(tokens)
         confidences: list[float] = []
         lookup = self._extend(tokens, [], num_candidates, keep_drafting, confidences)
         if lookup:   # deterministic proposals: no distributions to carry
             draft, start = Draft(lookup, None, confidences), 0
+        elif self.gate is not None and not self.gate.ready(tokens):   # a plain step
+            draft, start = Draft([]), 0
         else:
             draft = self.assistant.get_candidates(tokens, num_candidates, sampler, keep_drafting)
             start = len(draft.tokens)
@@ -161,4 +172,172 @@ class AssistantWithLookupCandidates:
                 probs = torch.cat([probs, one_hot])
             draft = Draft(draft.tokens + more, probs, confidences)
         self._last = (len(tokens), draft.tokens, start)
+        if self.gate is not None:
+            self.gate.end()
         return draft
+
+
+# Before this machine has measured them: how many tokens an answer is taken to run before it has shown its length,
+# and the share of lookup-only decoding's seconds per token that drafting with the assistant saves. A measured share
+# counts at least MIN_SAVING, so that one prompt where the assistant lost cannot lock it out of the next.
+PRIOR_ANSWER_TOKENS = 8
+PRIOR_SAVING = 0.3
+MIN_SAVING = 0.1
+
+
+class Rate:
+    """Seconds per token, as decayed sums of seconds and tokens."""
+
+    def __init__(self, decay: float = 0.7):
+        self.decay, self.seconds, self.tokens = decay, 0.0, 0.0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds = self.decay * self.seconds + seconds
+        self.tokens = self.decay * self.tokens + tokens
+
+    @property
+    def value(self) -> float | None:
+        return self.seconds / self.tokens if self.tokens else None
+
+
+class PaybackCosts:
+    """What an assistant's prompt pass costs and what drafting with it saves, as measured on this machine; lent from
+    one generation to the next (a pair's runs share one).
+
+    - `target_prompt_s`: seconds per token of the target's prompt pass (the first step's);
+    - `assistant_over_target`: the assistant's prompt pass over the target's, per token (first the parameter ratio);
+    - `lookup`: seconds per emitted token of steps drafted by lookup alone, or not at all (the prompt step left out);
+    - `saving_share`: the share of those seconds that drafting with the assistant saved, once one generation has
+      measured both kinds of step (the assistant's prompt pass left out).
+    """
+
+    def __init__(self, assistant_over_target: float):
+        self.assistant_over_target = assistant_over_target
+        self.target_prompt_s: float | None = None
+        self.lookup = Rate()
+        self.saving_share: float | None = None
+
+    def saving_per_token(self, lookup_s: float | None) -> float | None:
+        """Seconds the assistant saves per token against lookup-only decoding at `lookup_s` seconds a token."""
+        if lookup_s is None:
+            return None
+        share = PRIOR_SAVING if self.saving_share is None else max(MIN_SAVING, self.saving_share)
+        return share * lookup_s
+
+
+class PaybackGate:
+    """Whether to pay the assistant's prompt pass yet: only once the tokens the answer can still be expected to run
+    (as many as it has run so far, at least `PRIOR_ANSWER_TOKENS`, at most what the budget leaves) save more than
+    that pass costs. Until then drafts come from lookup alone; then the assistant reads the prompt and the answer so
+    far in one pass (`prefill`). Every figure is measured with `clock` around the draft calls: the time from one
+    draft call's end to the next one's start is the target's pass."""
+
+    def __init__(self, prefill: Callable[[list[int]], None], costs: PaybackCosts, budget: int,
+                 clock: Callable[[], float]):
+        self.prefill, self.costs, self.budget, self.clock = prefill, costs, budget, clock
+        self.prompt_tokens: int | None = None
+        self.started_after: int | None = None              # tokens generated when the assistant started
+        self.assistant_prompt: tuple[float, int] | None = None   # its prompt pass: (seconds, tokens)
+        self.refused: tuple[float, int, float] | None = None     # the last refusal: (estimated s, tokens, saving/token)
+        self._prompt_s: float | None = None                # this generation's target prompt pass, per token
+        self._lookup, self._assisted = Rate(), Rate()      # this generation's own steps
+        self._call: tuple[int, float, bool] = (0, 0.0, False)    # this call: (length, start, started before it)
+        self._spent = 0.0                                  # seconds of this call spent on the assistant's prompt
+        self._last: tuple[int, float, float, bool] | None = None  # last call: (length, end, drafting s, started)
+
+    @property
+    def started(self) -> bool:
+        return self.started_after is not None
+
+    def begin(self, tokens: list[int]) -> None:
+        """At the start of each draft call: what the target's pass since the last one cost, for how many tokens."""
+        now = self.clock()
+        if self.prompt_tokens is None:
+            self.prompt_tokens = len(tokens)
+        elif self._last is not None:
+            length, end, draft_s, started = self._last
+            if self._prompt_s is None:   # the first target pass read the prompt
+                self._prompt_s = self.costs.target_prompt_s = (now - end) / self.prompt_tokens
+                if self.assistant_prompt is not None:
+                    seconds, count = self.assistant_prompt
+                    self.costs.assistant_over_target = seconds / count / self._prompt_s
+            else:
+                for rate in (self._assisted,) if started else (self._lookup, self.costs.lookup):
+                    rate.add(draft_s + now - end, len(tokens) - length)
+                if self._lookup.value and self._assisted.value:
+                    self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
+        self._call, self._spent = (len(tokens), now, self.started), 0.0
+
+    def end(self) -> None:
+        """At the end of each draft call."""
+        length, begun, started = self._call
+        end = self.clock()
+        self._last = (length, end, end - begun - self._spent, started)
+
+    def ready(self, tokens: list[int]) -> bool:
+        """Whether the assistant drafts this step: started already, or starting now because it pays. Its prompt pass
+        then runs here, and its drafting waits for the next step (so that no step's drafting seconds hold a prompt
+        pass), except on the first step, whose target pass reads the prompt too."""
+        if self.started:
+            return True
+        if not self.pays(tokens):
+            return False
+        begun = self.clock()
+        self.prefill(tokens)
+        self._spent = self.clock() - begun
+        self.assistant_prompt = (self._spent, len(tokens))
+        self.started_after = len(tokens) - self.prompt_tokens
+        return self.started_after == 0
+
+    def pays(self, tokens: list[int]) -> bool:
+        """Whether the assistant's prompt pass over `tokens` pays back on what the answer can still be expected to run:
+        False while the target's prompt pass or lookup's seconds per token are still unmeasured."""
+        generated = len(tokens) - self.prompt_tokens
+        prompt_s = self._prompt_s if self._prompt_s is not None else self.costs.target_prompt_s
+        saving = self.costs.saving_per_token(self._lookup.value if self._lookup.value is not None
+                                             else self.costs.lookup.value)
+        if prompt_s is None or saving is None:
+            return False
+        cost = self.costs.assistant_over_target * prompt_s * len(tokens)
+        expected = min(self.budget - generated, max(generated, PRIOR_ANSWER_TOKENS))
+        if expected * saving >= cost:
+            return True
+        self.refused = (cost, len(tokens), saving)
+        return False
+
+    def decision(self, generated: int) -> dict:
+        """When the assistant started and why, as values and in words (`generated`: the answer's length)."""
+        out = {"prompt_tokens": self.prompt_tokens, "started_after": self.started_after, "reason": None}
+        if self.assistant_prompt is not None:
+            out["assistant_prompt_s"], out["assistant_prompt_tokens"] = round(self.assistant_prompt[0], 4), \
+                self.assistant_prompt[1]
+        if self.refused is not None:
+            cost, count, saving = self.refused
+            out.update(estimated_prompt_s=round(cost, 4), estimated_prompt_tokens=count,
+                       saving_per_token_s=round(saving, 5), break_even_tokens=math.ceil(cost / saving))
+        out["reason"] = self._reason(generated, out)
+        return out
+
+    def _reason(self, generated: int, out: dict) -> str | None:
+        if self.started_after == 0:
+            return None
+        if self.refused is None:   # waited only for this machine's first measurements
+            return ((f"the assistant started after {_tokens(self.started_after)}" if self.started else
+                     "the assistant was not used") +
+                    ": its prompt pass could not be priced until the target's passes on this machine were measured; "
+                    "drafts came from the prompt (lookup) until then")
+        cost, count = self.assistant_prompt if self.started else (out["estimated_prompt_s"],
+                                                                   out["estimated_prompt_tokens"])
+        saving = out["saving_per_token_s"]
+        prompt = (f"its prompt pass ({'' if self.started else 'about '}{cost:.1f} s for {count:,} tokens) against "
+                  f"about {1000 * saving:.0f} ms saved a token pays back only after about "
+                  f"{_tokens(math.ceil(cost / saving))}")
+        if self.started:
+            return (f"the assistant started after {_tokens(self.started_after)}, once the answer had run long enough: "
+                    f"{prompt}; drafts came from the prompt (lookup) until then")
+        return (f"the assistant was not used: {prompt}, and the answer ended after {_tokens(generated)}; drafts came "
+                "from the prompt (lookup) alone")
+
+
+def _tokens(n: int) -> str:
+    return "1 token" if n == 1 else f"{n:,} tokens"

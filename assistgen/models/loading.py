@@ -56,7 +56,8 @@ class LoadedPair:
     warnings: list[str] = field(default_factory=list)
     probe: Any = None           # the comparison's speed probe (comparison.probe.SpeedProbe), built by the warm-up
     # (draft source, temperature, top-p) -> the last adaptive schedule run so (an engine.schedules.AdaptiveSchedule),
-    # whose costs and calibration start the next such run's (`comparison.compare.run_generation`)
+    # whose costs and calibration start the next such run's (`comparison.compare.run_generation`); and under
+    # ("payback",) the costs that decide when the assistant starts (an engine.drafting.PaybackCosts)
     measured_schedules: dict[tuple, Any] = field(default_factory=dict)
 
     @property

@@ -43,7 +43,8 @@ from .report import markdown, plots, summarize
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
-          "context": ("chat", "context_prompts.txt"), "translation": ("translation", "translation_prompts.txt"),
+          "context": ("chat", "context_prompts.txt"), "long-context": ("chat", "long_context_prompts.jsonl"),
+          "translation": ("translation", "translation_prompts.txt"),
           "summarization": ("summarization", "summarization_prompts.txt"), "speech": ("asr", "speech"),
           "speech-real": ("asr", "speech-real"), "speech-long": ("asr", "speech-long"),
           "speech-other": ("asr", "speech-other")}
@@ -220,6 +221,9 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
                    emitted_per_pass=[len(s.emitted) for s in result.steps],
                    windows=[s.window for s in result.steps], prompt_s=t["prompt_s"], drafting_s=t["drafting_s"],
                    verifying_s=t["verifying_s"], s_per_pass=t["s_per_pass"])
+        if result.assistant_start is not None:
+            row.update(assistant_started_after=result.assistant_start["started_after"],
+                       assistant_start_reason=result.assistant_start["reason"])
     if result is not None and config is not BASELINE:
         c = cost_ratio(baseline["result"], result)
         row.update(cost_ratio=None if c is None else round(c, 4))

@@ -119,3 +119,23 @@ def test_speech_shows_the_whole_path_from_the_file_and_text_does_not():
     line = end_to_end_text(speech)
     assert "decoding 0.03 s and features 0.05 s" in line and "baseline took 1.28 s" in line and "0.58 s" in line
     assert end_to_end_text({"prep": None}) is None
+
+
+def test_the_page_says_in_words_when_the_assistant_started_late_or_not_at_all():
+    from assistgen.app.render import summary_html
+    from assistgen.comparison.compare import run_figures
+    from assistgen.engine.decoding import GenerationResult, Step
+    plain = GenerationResult([5, 6], [Step([], 0, [t], 0, 0.0, 0.02) for t in (5, 6)], 2, 0, 0.5, "eos", 0.4)
+
+    def page(start):
+        assisted = GenerationResult([5, 6], [Step([], 0, [t], 5, 0.0, 0.02) for t in (5, 6)], 2, 0, 0.5, "eos", 0.4,
+                                    assistant_start=start)
+        return summary_html({"baseline": run_figures(plain, "x"), "assisted": run_figures(assisted, "x"),
+                             "identical": True, "settings": {"temperature": 0.0}, "speedup": 1.0,
+                             "identical_note": "identical", "draft_source": "assistant_lookup",
+                             "mode": "same-tokenizer", "warnings": [], "mode_reason": ""})
+    reason = ("the assistant was not used: its prompt pass (about 1.9 s for 1,800 tokens) against about 20 ms saved "
+              "a token pays back only after about 95 tokens, and the answer ended after 2 tokens")
+    assert f"<b>Assistant:</b> {reason}." in page({"started_after": None, "reason": reason})
+    assert "ag-assistant-start" not in page({"started_after": 0, "reason": None})
+    assert "ag-assistant-start" not in page(None)

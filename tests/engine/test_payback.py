@@ -1,0 +1,123 @@
+"""The assistant's prompt pass is paid only when it can pay back: a long prompt with a short answer never pays it, a
+long answer still gets the assistant, and the output is the target's greedy output either way. Costs are simulated
+(each pass advances a clock by what its tokens would cost), so nothing here depends on this machine's speed."""
+import copy
+
+import pytest
+import torch
+
+import helpers as tm
+from assistgen import generate
+from assistgen.engine import decoding, drafting, kv
+
+TARGET_PASS_S, TARGET_TOKEN_S = 0.05, 0.01          # a target pass over n new tokens: 0.05 + 0.01 n seconds
+ASSISTANT_PASS_S, ASSISTANT_TOKEN_S = 0.01, 0.003   # the assistant's: 0.01 + 0.003 n
+
+
+class SimulatedClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Every pass of a model named `target` costs the target's simulated seconds, any other model's the
+    assistant's; the decoding loop and the gate read this clock."""
+    clock = SimulatedClock()
+    logits = kv.CachedDecoder.logits
+
+    def timed(self, tokens, keep=1):
+        new = len(tokens) - min(kv._common_prefix(self._seen, tokens), len(tokens) - keep)
+        target = getattr(self.model, "is_target", False)
+        clock.now += (TARGET_PASS_S + TARGET_TOKEN_S * new) if target else (ASSISTANT_PASS_S + ASSISTANT_TOKEN_S * new)
+        return logits(self, tokens, keep)
+    monkeypatch.setattr(kv.CachedDecoder, "logits", timed)
+    monkeypatch.setattr(decoding, "synchronized_clock", lambda device: clock)
+    return clock
+
+
+def models():
+    target = tm.qwen2(3)
+    target.is_target = True
+    assistant = copy.deepcopy(target)   # a perfect assistant: every draft it makes is accepted
+    assistant.is_target = False
+    return target, assistant
+
+
+def prompt(length: int, seed: int = 0) -> dict:
+    ids = torch.randint(3, tm.VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def assisted(target, assistant, inputs, max_new_tokens, costs):
+    return generate(target, inputs, assistant_model=assistant, prompt_lookup_num_tokens=5,
+                    max_new_tokens=max_new_tokens, assistant_payback=costs)
+
+
+def measured_costs(target, assistant) -> drafting.PaybackCosts:
+    """Costs a first, short generation measured (as a pair's runs lend them to the next)."""
+    costs = drafting.PaybackCosts(assistant_over_target=0.3)
+    assisted(target, assistant, prompt(40, seed=9), 12, costs)
+    return costs
+
+
+def test_a_long_prompt_with_a_short_answer_never_pays_the_assistants_prompt_pass(clock):
+    target, assistant = models()
+    costs = measured_costs(target, assistant)
+    inputs = prompt(150)
+    baseline = generate(target, inputs, max_new_tokens=10)
+    run = assisted(target, assistant, inputs, 10, costs)
+    assert run.new_tokens == baseline.new_tokens
+    assert run.assistant_passes == 0
+    decision = run.assistant_start
+    assert decision["started_after"] is None and decision["prompt_tokens"] == 150
+    assert decision["break_even_tokens"] > 10
+    assert decision["reason"].startswith("the assistant was not used: its prompt pass (about ")
+
+
+def test_a_long_prompt_with_a_long_answer_starts_the_assistant_once_it_pays_back(clock):
+    target, assistant = models()
+    costs = measured_costs(target, assistant)
+    inputs = prompt(150)
+    baseline = generate(target, inputs, max_new_tokens=100)
+    run = assisted(target, assistant, inputs, 100, costs)
+    assert run.new_tokens == baseline.new_tokens
+    started = run.assistant_start["started_after"]
+    assert 10 < started < 60
+    assert run.assistant_start["reason"].startswith(f"the assistant started after {started} tokens, once the answer")
+    steps_after = [s for s in run.steps if sum(len(t.emitted) for t in run.steps[:run.steps.index(s)]) > started]
+    assert sum(s.accepted for s in steps_after) > 40   # its drafts were verified and kept
+    assert run.latency_s < baseline.latency_s           # simulated seconds: it paid back
+
+
+def test_a_short_prompt_gets_the_assistant_from_the_first_step_once_costs_are_measured(clock):
+    target, assistant = models()
+    costs = measured_costs(target, assistant)
+    inputs = prompt(20, seed=4)
+    baseline = generate(target, inputs, max_new_tokens=30)
+    run = assisted(target, assistant, inputs, 30, costs)
+    assert run.new_tokens == baseline.new_tokens
+    assert run.assistant_start["started_after"] == 0 and run.assistant_start["reason"] is None
+    assert run.steps[0].accepted > 0
+
+
+def test_the_first_generation_waits_for_its_measurements_and_says_so(clock):
+    target, assistant = models()
+    inputs = prompt(20, seed=4)
+    run = assisted(target, assistant, inputs, 30, drafting.PaybackCosts(assistant_over_target=0.3))
+    assert run.new_tokens == generate(target, inputs, max_new_tokens=30).new_tokens
+    assert 0 < run.assistant_start["started_after"] <= 3
+    assert "could not be priced until" in run.assistant_start["reason"]
+
+
+def test_sampling_with_a_late_assistant_runs_and_matches_itself(clock):
+    target, assistant = models()
+    costs = measured_costs(target, assistant)
+    runs = [generate(target, prompt(150), assistant_model=assistant, prompt_lookup_num_tokens=5, max_new_tokens=60,
+                     do_sample=True, temperature=0.8, seed=3, assistant_payback=copy.deepcopy(costs))
+            for _ in range(2)]
+    assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 60
+    assert runs[0].assistant_start["started_after"] > 0
