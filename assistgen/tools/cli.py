@@ -106,8 +106,11 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import explanation, language_text, windows_text
-    for line in (language_text(result), windows_text(result)):
+    from ..app.render import acceptance_rows, break_even_text, explanation, language_text, windows_text
+    acc = acceptance_rows(result["assisted"]["acceptance"])
+    if acc:
+        print("acceptance: " + "; ".join(f"{name} {value}" for name, value in acc))
+    for line in (language_text(result), windows_text(result), break_even_text(result)):
         if line:
             print(line)
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
