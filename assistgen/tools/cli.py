@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0)
     comp.add_argument("--json", action="store_true")
     comp.set_defaults(run=cmd_compare)
-    from . import bench, enginebench   # their options live with them
+    from . import bench, enginebench, sweep   # their options live with them
     for name, module, about in (("bench", bench, "benchmark a pair: tables, plots, transformers as the peer"),
+                                ("sweep", sweep, "one setting over a few values: speedup, acceptance, break-even"),
                                 ("engine-bench", enginebench, "our decoding loop against transformers' generate")):
         tool = sub.add_parser(name, help=about, description=module.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
