@@ -71,3 +71,14 @@ def test_sweep_cli_writes_json_csv_and_plots_and_greedy_repeats_match_the_baseli
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [r["temperature"] for r in rows] == ["0.0", "1.0"]
     assert (tmp_path / "sweep.png").stat().st_size > 0 and (tmp_path / "break_even.png").stat().st_size > 0
+
+
+def test_the_sweep_plot_shows_every_point_that_ran():
+    from assistgen.comparison.sweep import Point, sweep_figure
+    points = [Point(0.0, [fake_result(Settings(), "p", 1.2)]), Point(0.5, [fake_result(Settings(), "p", 1.1)]),
+              Point(1.0)]   # not run yet
+    fig = sweep_figure("temperature", points)
+    speed, passes = fig.axes[0], fig.axes[1]
+    assert list(speed.lines[0].get_xdata()) == [0, 1] and list(speed.lines[0].get_ydata()) == [1.2, 1.1]
+    assert [t.get_text() for t in speed.get_xticklabels()] == ["0.0", "0.5", "1.0"]
+    assert len(passes.lines) == 2 and len(fig.axes[3].lines) == 2   # tokens/pass and acceptance length; 2 curves
