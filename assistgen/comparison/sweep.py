@@ -216,6 +216,7 @@ def sweep_figure(over: str, points: list[Point], title: str = ""):
     speed.set(ylabel="speedup", title="Speedup (baseline / assisted latency)")
     passes.set(ylabel="tokens", title="Tokens per pass")
     rate.set(ylabel="share", ylim=(-0.02, 1.02), title="Acceptance")
+    position.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     position.set(xlabel="draft position", ylabel="accepted", ylim=(-0.02, 1.02), title="Acceptance per position")
     for ax in (speed, passes, rate):
         ax.set_xticks(x, [str(p.value) for p in points])
