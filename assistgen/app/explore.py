@@ -111,8 +111,15 @@ def disagreements(points: list[Point]) -> str:
     return "**Measured and predicted differ by more than 20 %:**\n" + "\n".join(dict.fromkeys(notes))
 
 
+def warnings_markdown(points: list[Point]) -> str:
+    """Each point's warnings (a time limit that cut a run short, a machine whose speed moved, drafting off)."""
+    notes = [f"- {point.value}: {w}" for point in points if point.runs for w in point.summary()["warnings"]]
+    return "**Notes:**\n" + "\n".join(notes) if notes else ""
+
+
 def explore_outputs(over: str, progress: Progress, title: str) -> dict:
     """The tab's outputs after one more run: progress, the sweep plot so far, the table, the break-even map."""
     return {"progress": progress_html(progress), "plot": sweep_figure(over, progress.points, title),
-            "table": points_markdown(over, progress.points) + "\n\n" + disagreements(progress.points),
+            "table": "\n\n".join([points_markdown(over, progress.points), disagreements(progress.points),
+                                    warnings_markdown(progress.points)]),
             "break_even": sweep_break_even_figure(progress.points)}
