@@ -13,6 +13,8 @@ from starlette.middleware import Middleware  # noqa: E402
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE)
+from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
+from assistgen.app.explore import progress_html  # noqa: E402
 from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
@@ -20,6 +22,7 @@ from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
 from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
+from assistgen.comparison.sweep import OVER  # noqa: E402
 from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -218,6 +221,81 @@ def _api_endpoint(api_compare) -> None:
                      concurrency_limit=1)
 
 
+EXPLORE_INTRO = """Check the claims made about assisted generation on your own input: sweep one setting and watch the
+speedup (median and range over repeats), tokens per pass and acceptance change. Each run is a full comparison, baseline
+then assisted, with the same speed probes as above; settings that are not swept are the pair's own, at temperature
+0. The formula's prediction (Leviathan et al.) from each run's measured acceptance α and cost ratio c is shown beside
+the measured speedup, with the break-even map."""
+
+
+EXPLORE_STOPPED = ("<div id='explore-progress'><b>stopped</b>: the points above are what had finished; the comparison "
+                   "under way ends first, then <i>Run the sweep</i> is back.</div>")
+
+
+def _explore_tab(service: Service) -> None:
+    """The Explore tab: a pair, an input, one setting over a few values, repeats; the plot grows run by run."""
+    tasks = [(label, task) for task, label in TASK_LABELS.items()]
+    first_task = tasks[0][1]
+    choices = service.pair_choices(first_task)
+    first_pair = service.default_pair(choices)
+    gr.Markdown(EXPLORE_INTRO)
+    with gr.Row():
+        task = gr.Dropdown(tasks, value=first_task, label="task", elem_id="explore-task")
+        pair = gr.Dropdown(choices, value=first_pair, label="model pair", elem_id="explore-pair")
+    text = gr.Textbox(lines=3, label="your text", elem_id="explore-text", value=EXAMPLES["chat"][2][0])
+    audio = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
+                     visible=False, elem_id="explore-audio")
+    with gr.Row():
+        over = gr.Dropdown([(label, name) for name, label in OVER.items()], value="temperature",
+                           label="setting to sweep", elem_id="explore-over")
+        values = gr.Textbox(default_values(service.catalog, "temperature", first_task, first_pair),
+                            label="its values, comma-separated", elem_id="explore-values")
+        repeats = gr.Slider(1, 5, value=1, step=1, label="repeats per value", elem_id="explore-repeats")
+        max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=DEFAULT_MAX_NEW_TOKENS, step=1,
+                                   label="max new tokens per run", elem_id="explore-max-new-tokens")
+    with gr.Row():
+        run = gr.Button("Run the sweep", variant="primary", elem_id="explore-run")
+        stop = gr.Button("Stop", variant="stop", visible=False, elem_id="explore-stop")
+    progress = gr.HTML(elem_id="explore-progress-box")
+    plot = gr.Plot(label="speedup, tokens per pass, acceptance: grows run by run", elem_id="explore-plot")
+    table = gr.Markdown(elem_id="explore-table")
+    break_even = gr.Plot(label="break-even map: α (acceptance per draft) against c (cost per pass)",
+                         elem_id="explore-break-even")
+
+    def task_changed(name):
+        options = service.pair_choices(name)
+        chosen = service.default_pair(options)
+        return (gr.Dropdown(choices=options, value=chosen), gr.Textbox(visible=name != "asr"),
+                gr.Audio(visible=name == "asr"))
+
+    task.change(task_changed, inputs=task, outputs=[pair, text, audio], api_visibility="private", queue=False)
+    for trigger in (over.change, pair.change):
+        trigger(lambda setting, name, pair_name: default_values(service.catalog, setting, name, pair_name),
+                inputs=[over, task, pair], outputs=values, api_visibility="private", queue=False)
+
+    def handler(task_name, pair_name, content, clip, setting, value_text, repeat_count, tokens):
+        try:
+            title = f"{pair_name}, {TASK_LABELS.get(task_name, task_name)}"
+            yield progress_html(None), gr.skip(), gr.skip(), gr.skip()
+            for step in explore(service, task_name, pair_name, over=setting, values=value_text,
+                                repeats=repeat_count, max_new_tokens=tokens, text=content, audio=clip):
+                out = explore_outputs(setting, step, title)
+                yield out["progress"], out["plot"], out["table"], out["break_even"]
+        except Exception as exc:
+            raise _as_gradio_error(exc) from None
+
+    running = run.click(lambda: (gr.Button(visible=True), gr.Button(interactive=False), None, "", None),
+                        outputs=[stop, run, plot, table, break_even], queue=False, api_visibility="private",
+                        show_progress="hidden"
+                        ).then(handler, inputs=[task, pair, text, audio, over, values, repeats, max_new_tokens],
+                               outputs=[progress, plot, table, break_even], concurrency_id="model",
+                               concurrency_limit=1, api_visibility="private", show_progress="hidden")
+    running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, run], queue=False,
+                 api_visibility="private", show_progress="hidden")
+    stop.click(lambda: (gr.Button(visible=False), EXPLORE_STOPPED), outputs=[stop, progress], cancels=[running],
+               queue=False, api_visibility="private", show_progress="hidden")
+
+
 def build_demo(service: Service) -> gr.Blocks:
     """The whole page. `service` does the work; tests pass one with a catalog of tiny models."""
     make_handler, api_compare = _handlers(service)
@@ -246,6 +324,8 @@ def build_demo(service: Service) -> gr.Blocks:
                 # the settings are shared: a tab brings its own pair's
                 tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
                            api_visibility="private", queue=False)
+            with gr.Tab("Explore", id="explore"):
+                _explore_tab(service)
         shown = _results_section()
         stream_outputs = [shown[k] for k in STREAM_KEYS]
         for task, (button, rerun, stop), inputs in runs:

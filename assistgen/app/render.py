@@ -71,6 +71,7 @@ def figures_markdown(run: dict, assisted: bool) -> str:
     if assisted:
         rows += [("assistant passes", str(run["assistant_passes"])),
                  ("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))]
+        rows += acceptance_rows(run.get("acceptance"))
     rows += [("setup (encoder, caches)", fmt_value(t["setup_s"], ".2f", " s")),
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
               fmt_value(t["prompt_s"], ".2f", " s"))]
@@ -88,6 +89,32 @@ def figures_markdown(run: dict, assisted: bool) -> str:
     if run.get("stop_reason") == "max_time":
         rows.append(("stopped", "time limit: partial output"))
     return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
+
+
+def acceptance_rows(acc: dict | None) -> list[tuple[str, str]]:
+    """The acceptance figures in vLLM's vocabulary (`comparison.acceptance`), for the assisted run's table."""
+    if not acc or not acc["drafting_passes"]:
+        return []
+    positions = " · ".join(f"{i + 1}: {v:.0%}" for i, v in enumerate(acc["per_position"][:8]))
+    return [("mean acceptance length (1 + accepted / drafting passes)", fmt_value(acc["mean_acceptance_length"], ".2f")),
+            ("draft acceptance rate (accepted / drafted)", fmt_value(acc["draft_acceptance_rate"], ".0%")),
+            ("acceptance per draft position", positions or "n/a"),
+            ("drafting passes that accepted nothing", fmt_value(acc["zero_accept_share"], ".0%"))]
+
+
+def break_even_text(result: dict) -> str | None:
+    """The speedup the standard formula predicts from this run's measured α, γ and c, beside the measured one."""
+    be = result.get("break_even")
+    if not be:
+        return None
+    line = (f"Break-even: with α = {be['alpha']:.2f} (acceptance per draft reached), γ = {be['gamma']:.1f} drafts per "
+            f"pass and c = {be['c']:.2f} (assistant / target cost per pass), the formula (1 - α^(γ+1)) / ((1 - α)(γc + 1)) "
+            f"predicts {be['predicted']:.2f}×; measured {be['measured']:.2f}×. ")
+    line += (f"Below α = {be['break_even_alpha']:.2f} assisted would be slower here." if be["break_even_alpha"] is not None
+             else "At this c no acceptance could pay.")
+    if be["disagrees"]:
+        line += f" They disagree by more than 20 %: {be['why']}."
+    return line
 
 
 def _ms(seconds) -> str:
@@ -190,7 +217,8 @@ def summary_html(result: dict) -> str:
     if result.get("machine"):
         machine = html.escape(machine_text(result["machine"]))
         parts.append(f"<div class='ag-note' id='ag-machine'><b>Machine:</b> {machine}.</div>")
-    for line in (language_text(result), windows_text(result), end_to_end_text(result)):
+    for line in (language_text(result), windows_text(result), end_to_end_text(result),
+                 break_even_text(result)):
         if line:
             parts.append(f"<div class='ag-note'>{html.escape(line)}</div>")
     for warning in result.get("warnings", []):

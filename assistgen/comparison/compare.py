@@ -16,6 +16,8 @@ from ..models.devices import dtype_name
 from ..models.machine import machine
 from ..models.precision import encoder_dtype
 from . import schedule_store
+from .acceptance import acceptance
+from .breakeven import break_even
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
 from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
@@ -84,7 +86,8 @@ def run_figures(result: GenerationResult, text: str) -> dict:
             "assistant_passes": result.assistant_passes, "tokens_per_pass": round(result.tokens_per_pass, 3),
             "acceptance_rate": None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
             "stop_reason": result.stop_reason, "time": time_breakdown(result),
-            "assistant_start": result.assistant_start}
+            "assistant_start": result.assistant_start,
+            "acceptance": acceptance(result.steps).to_dict()}
 
 
 @dataclass
@@ -131,7 +134,7 @@ class Comparison:
         steps = [{**asdict(s), "draft_s": round(s.draft_s, 5), "verify_s": round(s.verify_s, 5)}
                  for s in self.assisted.steps]
         c = self.cost_ratio
-        return {
+        out = {
             "pair": self.pair.spec.name, "task": self.task, "mode": self.pair.mode, "draft_source": self.draft_source,
             "settings": {"max_new_tokens": self.settings.max_new_tokens, "temperature": self.settings.temperature,
                          "top_p": self.settings.top_p, "num_assistant_tokens": self.settings.num_assistant_tokens,
@@ -151,6 +154,9 @@ class Comparison:
                                  for name, run in (("baseline", self.baseline), ("assisted", self.assisted))}}
                if self.prep else {}),
         }
+        reading = break_even(out)
+        out["break_even"] = None if reading is None else reading.to_dict()
+        return out
 
     def window_figures(self) -> list[dict] | None:
         """Each window of a long recording: where it lies and what each run did in it."""

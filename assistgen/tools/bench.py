@@ -31,6 +31,7 @@ from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
+from ..comparison.acceptance import acceptance
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
 from ..models.devices import dtype_name
@@ -220,7 +221,8 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
                    acceptance_rate=None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
                    emitted_per_pass=[len(s.emitted) for s in result.steps],
                    windows=[s.window for s in result.steps], prompt_s=t["prompt_s"], drafting_s=t["drafting_s"],
-                   verifying_s=t["verifying_s"], s_per_pass=t["s_per_pass"])
+                   verifying_s=t["verifying_s"], s_per_pass=t["s_per_pass"],
+                   acceptance=acceptance(result.steps).to_dict())
         if result.assistant_start is not None:
             row.update(assistant_started_after=result.assistant_start["started_after"],
                        assistant_start_reason=result.assistant_start["reason"])

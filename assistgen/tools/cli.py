@@ -138,9 +138,13 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import draft_source_words, end_to_end_text, explanation, language_text, windows_text
+    from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
+                              language_text, windows_text)
     from ..models.machine import machine_text
-    for line in (language_text(result), windows_text(result), end_to_end_text(result)):
+    acc = acceptance_rows(result["assisted"]["acceptance"])
+    if acc:
+        print("acceptance: " + "; ".join(f"{name} {value}" for name, value in acc))
+    for line in (language_text(result), windows_text(result), end_to_end_text(result), break_even_text(result)):
         if line:
             print(line)
     reliable = "" if result["stability"]["stable"] else " (NOT RELIABLE: the machine's speed moved; run it again)"
@@ -206,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0, help="random seed for sampling (temperature > 0); default 0")
     comp.add_argument("--json", action="store_true", help="print the result as the API's JSON object")
     comp.set_defaults(run=cmd_compare)
-    from . import bench, enginebench   # their options live with them
+    from . import bench, enginebench, sweep   # their options live with them
     for name, module, about in (("bench", bench, "benchmark a pair: tables, plots, transformers as the peer"),
+                                ("sweep", sweep, "one setting over a few values: speedup, acceptance, break-even"),
                                 ("engine-bench", enginebench, "our decoding loop against transformers' generate")):
         tool = sub.add_parser(name, help=about, description=module.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -48,6 +48,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             "tokens_per_pass": _median(r.get("tokens_per_pass") for r in group),
             "acceptance_rate": _median(r.get("acceptance_rate") for r in group),
             "cost_ratio": _median(r.get("cost_ratio") for r in group),
+            **{key: _median((r.get("acceptance") or {}).get(key) for r in group)
+               for key in ("mean_acceptance_length", "draft_acceptance_rate", "zero_accept_share")},
             "identical_share": sum(identical) / len(identical) if identical else None,
             "ms_per_token": _median(r.get("ms_per_token") for r in group),
             **{key: _median(r.get(key) for r in group) for key in ("prompt_s", "drafting_s", "verifying_s",

@@ -126,3 +126,24 @@ def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(b
     page.locator("#run-chat").click()
     page.wait_for_function("document.querySelector('#summary') && "
                            "document.querySelector('#summary').innerText.includes('speedup')", timeout=60_000)
+
+
+def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
+    url, _ = tiny_app
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    page.goto(url)
+    page.get_by_role("tab", name="Explore").click()
+    page.locator("#explore-text textarea").fill("hello there")
+    page.locator("#explore-values textarea, #explore-values input").first.fill("0, 1.0")
+    tokens = page.locator("#explore-max-new-tokens input[type=number]")
+    tokens.fill("6")
+    tokens.press("Tab")
+    page.locator("#explore-run").click()
+    page.wait_for_function("document.querySelector('#explore-progress') && "
+                           "document.querySelector('#explore-progress').innerText.includes('done')", timeout=120_000)
+    assert "2 of 2 runs" in page.locator("#explore-progress").inner_text()
+    rows = [line for line in page.locator("#explore-table").inner_text().splitlines() if "\t" in line][1:]   # a table
+    assert [row.split()[0] for row in rows] == ["0.0", "1.0"], rows   # every point, in order
+    assert "all" in rows[0]   # greedy: the assisted output identical to its baseline
+    assert page.locator("#explore-plot img, #explore-plot canvas, #explore-plot svg").count() > 0
+    assert not page.locator("#explore-stop").is_visible()

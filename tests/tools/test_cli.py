@@ -32,6 +32,14 @@ def test_compare_prints_one_json_object(tiny_catalog_path):
         assert key in result["assisted"]
     assert "speedup" in result
     assert result["machine"]["cpu"] and result["machine"]["probe_ms_per_target_pass"] > 0   # where it was measured
+    acc = result["assisted"]["acceptance"]   # vLLM's vocabulary, from the same steps as the JSON's trace
+    drafting = [s for s in result["assisted"]["steps"] if s["candidates"]]
+    assert acc["drafting_passes"] == len(drafting)
+    assert acc["accepted_tokens"] == sum(s["accepted"] for s in drafting)
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["accepted_tokens"] / len(drafting), abs=1e-4)
+    assert len(acc["per_position"]) == max(len(s["candidates"]) for s in drafting)
+    assert result["baseline"]["acceptance"]["drafting_passes"] == 0
+    assert "break_even" in result
 
 
 def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):

@@ -1,0 +1,245 @@
+"""One setting swept over a few values: at each value, baseline then assisted generation, as `compare` runs them
+(the same warm-up, the same speed probes, the same warnings), a few times over.
+
+The runs go repeat by repeat, every value once per repeat, so a machine whose speed drifts touches every value
+alike. Each point's figures are medians over its repeats, with the speedup's range. The CLI (`python -m assistgen
+sweep`) and the page's Explore tab both run through `run_sweep`.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator
+
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
+from .breakeven import DISAGREE, BreakEven, break_even_figure
+from .compare import Settings
+
+# what can be swept: the setting's label, and the Settings field it sets (the assistant is a pair sharing the target)
+OVER = {"temperature": "temperature", "num_assistant_tokens": "initial window (num_assistant_tokens)",
+        "schedule": "window schedule", "draft_source": "draft source", "assistant": "assistant (pair)"}
+MAX_VALUES = 8
+MAX_REPEATS = 10
+
+
+def parse_values(over: str, values: str | list) -> list:
+    """The values to sweep, checked: numbers for temperature and window, names for the rest (an assistant's pair
+    name is checked by the caller, who knows the catalog). A ValueError says what is wrong."""
+    if over not in OVER:
+        raise ValueError(f"can sweep over {', '.join(OVER)}; got {over!r}")
+    items = [v.strip() for v in values.split(",")] if isinstance(values, str) else [str(v).strip() for v in values]
+    items = [v for v in items if v]
+    if not items:
+        raise ValueError("give at least one value to sweep, comma-separated")
+    if len(items) > MAX_VALUES:
+        raise ValueError(f"at most {MAX_VALUES} values, got {len(items)}")
+    parsed = []
+    for item in items:
+        if over == "temperature":
+            try:
+                value = float(item)
+            except ValueError:
+                raise ValueError(f"temperature {item!r} is not a number") from None
+            if not TEMPERATURE_RANGE[0] <= value <= TEMPERATURE_RANGE[1]:
+                raise ValueError(f"temperature must be from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}, "
+                                 f"got {item}")
+        elif over == "num_assistant_tokens":
+            if not item.isdigit() or not WINDOW_RANGE[0] <= int(item) <= WINDOW_RANGE[1]:
+                raise ValueError(f"the window must be a whole number from {WINDOW_RANGE[0]} to {WINDOW_RANGE[1]}, "
+                                 f"got {item!r}")
+            value = int(item)
+        elif over == "schedule" and item not in SCHEDULE_NAMES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {item!r}")
+        elif over == "draft_source" and item not in DRAFT_SOURCES:
+            raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {item!r}")
+        else:
+            value = item
+        parsed.append(value)
+    if len(set(parsed)) != len(parsed):
+        raise ValueError("each value once, please")
+    return parsed
+
+
+def point_settings(base: Settings, over: str, value, repeat: int) -> Settings:
+    """The settings of one run: the base, with the swept setting at `value` and the repeat as the seed (sampled
+    repeats draw differently; greedy ones do not depend on it)."""
+    changed = {} if over == "assistant" else {over: value}
+    return replace(base, seed=repeat, **changed).validate()
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class Point:
+    """One value of the swept setting and its runs (each a `Comparison.to_dict()`)."""
+    value: object
+    runs: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """Medians over the repeats, the speedup's range, and at temperature 0 whether every repeat's assisted
+        output was identical to its baseline."""
+        runs = self.runs
+        acc = [r["assisted"]["acceptance"] for r in runs]
+        speedups = [r["speedup"] for r in runs]
+        longest = max((len(a["per_position"]) for a in acc), default=0)
+        readings = [r["break_even"] for r in runs if r.get("break_even")]
+        greedy = all(r["settings"]["temperature"] == 0 for r in runs)
+        predicted = _median(b["predicted"] for b in readings)
+        measured = _median(speedups)
+        return {
+            "value": self.value, "runs": len(runs),
+            "speedup": measured, "speedup_min": min(speedups, default=None), "speedup_max": max(speedups, default=None),
+            "tokens_per_pass": _median(r["assisted"]["tokens_per_pass"] for r in runs),
+            "baseline_latency_s": _median(r["baseline"]["latency_s"] for r in runs),
+            "assisted_latency_s": _median(r["assisted"]["latency_s"] for r in runs),
+            **{key: _median(a[key] for a in acc) for key in ("mean_acceptance_length", "draft_acceptance_rate",
+                                                              "zero_accept_share", "alpha")},
+            "per_position": [_median(a["per_position"][i] for a in acc if len(a["per_position"]) > i)
+                             for i in range(longest)],
+            "cost_ratio": _median(r["cost_ratio"] for r in runs),
+            "gamma": _median(b["gamma"] for b in readings),
+            "predicted_speedup": predicted,
+            "prediction_disagrees": None if predicted is None or measured is None
+            else abs(measured - predicted) > DISAGREE * predicted,
+            "identical": [r["identical"] for r in runs] if greedy else None,
+            "identical_all": all(r["identical"] for r in runs) if greedy else None,
+            "reliable": all((r.get("stability") or {}).get("stable", True) for r in runs),
+            "draft_source": sorted({r["draft_source"] for r in runs}),
+            "pair": sorted({r["pair"] for r in runs}),
+            "warnings": sorted({w for r in runs for w in r["warnings"]}),
+        }
+
+    def break_even_readings(self) -> list[BreakEven]:
+        return [BreakEven(**{k: v for k, v in r["break_even"].items()}) for r in self.runs if r.get("break_even")]
+
+
+@dataclass
+class Progress:
+    """Where a sweep stands after one more run: `done` of `total` runs, every point so far, seconds spent."""
+    done: int
+    total: int
+    points: list[Point]
+    elapsed_s: float
+    last: tuple | None = None   # (value, repeat) of the run just finished
+
+    @property
+    def left_s(self) -> float | None:
+        """Seconds left, at the pace so far."""
+        return self.elapsed_s / self.done * (self.total - self.done) if self.done else None
+
+
+def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: str,
+              run_one: Callable[[Settings, str], dict], clock: Callable[[], float] | None = None
+              ) -> Iterator[Progress]:
+    """Run every value `repeats` times (repeat by repeat) through `run_one(settings, pair_name)`, which runs one
+    comparison and returns its `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant,
+    each value is the name of a pair sharing the target; otherwise every run uses `pair_name`."""
+    import time
+    clock = clock or time.perf_counter
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
+    points = [Point(v) for v in values]
+    total, done, started = len(values) * repeats, 0, clock()
+    for repeat in range(repeats):
+        for point in points:
+            settings = point_settings(base, over, point.value, repeat)
+            result = run_one(settings, point.value if over == "assistant" else pair_name)
+            point.runs.append({k: v for k, v in result.items() if k != "windows"})
+            done += 1
+            yield Progress(done, total, points, clock() - started, (point.value, repeat))
+
+
+def sweep_json(over: str, points: list[Point], meta: dict) -> dict:
+    """The sweep as one JSON object: what ran, each point's summary, and each run's figures (without the per-pass
+    trace, which `compare --json` gives)."""
+    def lean(run: dict) -> dict:
+        return {**run, "assisted": {k: v for k, v in run["assisted"].items() if k != "steps"}}
+    return {**meta, "over": over, "values": [p.value for p in points],
+            "points": [{**p.summary(), "each_run": [lean(r) for r in p.runs]} for p in points]}
+
+
+CSV_COLUMNS = ["value", "runs", "speedup", "speedup_min", "speedup_max", "tokens_per_pass", "mean_acceptance_length",
+               "draft_acceptance_rate", "zero_accept_share", "per_position", "alpha", "cost_ratio", "gamma",
+               "predicted_speedup", "identical_all", "reliable"]
+
+
+def sweep_csv(over: str, points: list[Point]) -> str:
+    """One row per point; per-position acceptance as position:rate pairs."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow([over] + CSV_COLUMNS[1:])
+    for point in points:
+        s = point.summary()
+        s["per_position"] = " ".join(f"{i + 1}:{v:.3f}" for i, v in enumerate(s["per_position"]))
+        writer.writerow([s[c] if not isinstance(s[c], float) else round(s[c], 4) for c in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def sweep_figure(over: str, points: list[Point], title: str = ""):
+    """Four panels over the swept values: speedup (median, min–max over repeats, the formula's prediction), tokens
+    per pass and mean acceptance length, draft acceptance rate and the share of passes that accepted nothing, and
+    acceptance per draft position. Points without runs yet are left out."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    done = [p for p in points if p.runs]
+    summaries = [p.summary() for p in done]
+    x = list(range(len(points)))
+    at = {p.value: i for i, p in enumerate(points)}
+    xs = [at[p.value] for p in done]
+    fig, axes = plt.subplots(2, 2, figsize=(9, 5.6), dpi=100)
+    (speed, passes), (rate, position) = axes
+    if summaries:
+        ys = [s["speedup"] for s in summaries]
+        speed.errorbar(xs, ys, yerr=[[y - s["speedup_min"] for y, s in zip(ys, summaries)],
+                                     [s["speedup_max"] - y for y, s in zip(ys, summaries)]],
+                       marker="o", capsize=4, label="measured (median, min–max)")
+        pred = [(x_, s["predicted_speedup"]) for x_, s in zip(xs, summaries) if s["predicted_speedup"] is not None]
+        if pred:
+            speed.plot(*zip(*pred), "x", color="#b91c1c", label="formula, from measured α, c, γ")
+        passes.plot(xs, [s["tokens_per_pass"] for s in summaries], marker="o", label="tokens per target pass")
+        passes.plot(xs, [s["mean_acceptance_length"] for s in summaries], marker="s", ls="--",
+                    label="mean acceptance length")
+        rate.plot(xs, [s["draft_acceptance_rate"] for s in summaries], marker="o", label="draft acceptance rate")
+        rate.plot(xs, [s["zero_accept_share"] for s in summaries], marker="s", ls="--",
+                  label="passes that accepted nothing")
+        for p, s in zip(done, summaries):
+            if s["per_position"]:
+                position.plot(range(1, len(s["per_position"]) + 1), s["per_position"], marker="o",
+                              label=f"{over} = {p.value}")
+    speed.axhline(1.0, color="grey", lw=1, ls="--")
+    speed.set(ylabel="speedup", title="Speedup (baseline / assisted latency)")
+    passes.set(ylabel="tokens", title="Tokens per pass")
+    rate.set(ylabel="share", ylim=(-0.02, 1.02), title="Acceptance")
+    position.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    position.set(xlabel="draft position", ylabel="accepted", ylim=(-0.02, 1.02), title="Acceptance per position")
+    for ax in (speed, passes, rate):
+        ax.set_xticks(x, [str(p.value) for p in points])
+        ax.set_xlim(-0.5, len(points) - 0.5)
+        ax.set_xlabel(OVER[over])
+    for ax in axes.flat:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+def sweep_break_even_figure(points: list[Point]):
+    """The break-even map (`breakeven.break_even_figure`) with every finished run of every point."""
+    readings = [b for p in points for b in p.break_even_readings()]
+    gamma = _median(b.gamma for b in readings)
+    return break_even_figure(readings, gamma)
+
+
+def assistant_choices(catalog, pair_name: str, task: str) -> list[str]:
+    """The pairs that share `pair_name`'s target and do `task`: what an assistant sweep can compare."""
+    target = catalog.pair(pair_name).target.name
+    return [p.name for p in catalog.pairs if p.target.name == target and task in p.tasks]

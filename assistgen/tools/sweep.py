@@ -1,0 +1,167 @@
+"""python -m assistgen sweep: one setting over a few values, baseline then assisted at each, a few times over.
+
+  python -m assistgen sweep --pair qwen2.5-coder-1.5b+0.5b-int8 --task chat --text "Write a haiku about tea." \
+      --over temperature --values 0,0.5,1.0 --repeats 2 --max-new-tokens 64 --out results/
+
+Each run is a full comparison (warm-up, speed probes before, between and after, the same warnings as `compare`).
+Writes sweep.json, sweep.csv, sweep.png (speedup, tokens per pass, acceptance, per-position acceptance) and
+break_even.png (where each run sits against the break-even line) to --out; --json prints the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
+from ..comparison.sweep import MAX_REPEATS, OVER
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `python -m assistgen sweep` (the catalog is the command line's global --catalog)."""
+    p.add_argument("--pair", required=True, help="the pair (sweeping the assistant: the pair whose target is kept)")
+    p.add_argument("--task", required=True, choices=TASKS, help="the task the input is for")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="the prompt (chat), or the text to translate or summarize")
+    source.add_argument("--audio", help="a speech clip (task asr)")
+    p.add_argument("--over", required=True, choices=list(OVER), help="the setting to sweep")
+    p.add_argument("--values", required=True,
+                   help="comma-separated values of --over: temperatures (0 = greedy), windows, schedule names ("
+                        + ", ".join(SCHEDULE_NAMES) + "), draft sources (" + ", ".join(DRAFT_SOURCES)
+                        + ") or pair names sharing --pair's target")
+    p.add_argument("--repeats", type=int, default=2, help=f"runs per value, 1 to {MAX_REPEATS} (default 2)")
+    p.add_argument("--max-new-tokens", type=int, help="per run (default: the pair's own)")
+    p.add_argument("--temperature", type=float, default=0.0, help="when not swept: 0 = greedy (default)")
+    p.add_argument("--draft-source", choices=list(DRAFT_SOURCES), help="when not swept (default: the pair's own)")
+    p.add_argument("--num-assistant-tokens", type=int, help="the initial window, when not swept (default: the pair's)")
+    p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="when not swept (default: the pair's own)")
+    p.add_argument("--target-language", default="French", help="translation: into this (default French)")
+    p.add_argument("--language", default="auto", help="speech: the spoken language's code, or auto (default)")
+    p.add_argument("--json", action="store_true", help="print the sweep's JSON on stdout")
+    p.add_argument("--out", metavar="DIR", help="write sweep.json, sweep.csv, sweep.png and break_even.png here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m assistgen sweep`, with its parsed arguments."""
+    from ..app.service import Service
+    from ..app.validation import UserError
+    from ..comparison.audio import load_audio
+    from ..comparison.compare import Settings, compare
+    from ..comparison.speech import speech_windows
+    from ..comparison.sweep import (assistant_choices, parse_values, run_sweep, sweep_break_even_figure, sweep_csv,
+                                    sweep_figure, sweep_json)
+    from ..comparison.tasks import InputError, text_inputs
+    from ..models.availability import pair_availability
+    from ..models.catalog import load_catalog
+    from ..models.loading import LoadError
+    from ..models.pool import ModelPool
+    from .terminal import CliError, progress_bar
+    catalog = load_catalog(args.catalog)
+    try:
+        spec = catalog.pair(args.pair)
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from None
+    if args.task not in spec.tasks:
+        raise CliError(f"pair {spec.name!r} does not do {args.task}; it does {', '.join(spec.tasks)}")
+    if (args.task == "asr") != (args.audio is not None):
+        raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
+    try:
+        values = parse_values(args.over, args.values)
+        base = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
+                        temperature=args.temperature, draft_source=args.draft_source or spec.draft_source,
+                        num_assistant_tokens=(spec.num_assistant_tokens if args.num_assistant_tokens is None
+                                              else args.num_assistant_tokens),
+                        schedule=args.schedule or spec.schedule).validate()
+        audio = load_audio(args.audio) if args.task == "asr" else None
+    except (ValueError, InputError) as exc:
+        raise CliError(str(exc)) from None
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise CliError(f"--repeats must be from 1 to {MAX_REPEATS}")
+    if args.over == "assistant":
+        allowed = assistant_choices(catalog, spec.name, args.task)
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise CliError(f"not a pair sharing {spec.name}'s target for {args.task}: {', '.join(bad)}; "
+                           f"choose from {', '.join(allowed)}")
+    pool, pairs, inputs = ModelPool(catalog), {}, {}
+
+    def loaded(name: str):
+        """The pair and its inputs, loaded once (pairs sharing a target share it in the pool)."""
+        if name not in pairs:
+            pair_spec = catalog.pair(name)
+            ok, why = pair_availability(pair_spec, catalog)
+            if not ok:
+                raise CliError(f"pair {name!r} is unavailable: {why}")
+            bar, report = progress_bar()
+            try:
+                pairs[name] = pool.pair(pair_spec, report)
+            except LoadError as exc:
+                raise CliError(str(exc)) from None
+            finally:
+                bar.close()
+            pair = pairs[name]
+            try:
+                if args.task == "asr":
+                    language = Service.speech_language(pair, audio, args.language)
+                    inputs[name] = (speech_windows(pair, audio, language=language["code"]), language)
+                else:
+                    inputs[name] = (text_inputs(pair, args.task, args.text, target_language=args.target_language),
+                                    None)
+            except (InputError, UserError) as exc:
+                raise CliError(str(exc)) from None
+        return pairs[name], inputs[name]
+
+    def run_one(settings: Settings, name: str) -> dict:
+        pair, (model_inputs, language) = loaded(name)
+        return compare(pair, args.task, model_inputs, settings, language=language).to_dict()
+
+    for name in (values if args.over == "assistant" else [spec.name]):
+        loaded(name)   # every pair loaded before the first timed run
+    progress = None
+    for progress in run_sweep(args.over, values, args.repeats, base, spec.name, run_one):
+        value, repeat = progress.last
+        s = next(p for p in progress.points if p.value == value).runs[-1]
+        print(f"[{progress.done}/{progress.total}] {args.over}={value} repeat {repeat + 1}: speedup "
+              f"{s['speedup']:.2f}x, {s['assisted']['tokens_per_pass']:.2f} tokens/pass"
+              + ("" if s["identical"] or s["settings"]["temperature"] > 0 else ", DIFFERS from baseline")
+              + ("" if (s["stability"] or {}).get("stable", True) else " (timing not reliable)"),
+              file=sys.stderr, flush=True)
+    points = progress.points
+    meta = {"pair": spec.name, "task": args.task, "repeats": args.repeats,
+            "base_settings": {"max_new_tokens": base.max_new_tokens, "temperature": base.temperature,
+                              "draft_source": base.draft_source, "num_assistant_tokens": base.num_assistant_tokens,
+                              "schedule": base.schedule},
+            "command": "python -m assistgen " + " ".join(getattr(args, "argv", []) or [])}
+    result = sweep_json(args.over, points, meta)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
+        (out / "sweep.csv").write_text(sweep_csv(args.over, points))
+        sweep_figure(args.over, points, f"{spec.name}, {args.task}: {args.repeats} repeat(s)").savefig(
+            out / "sweep.png", dpi=110)
+        sweep_break_even_figure(points).savefig(out / "break_even.png", dpi=110)
+        print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'sweep.png'}, {out / 'break_even.png'}",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=1, ensure_ascii=False))
+        return 0
+    print(sweep_table(args.over, result["points"]))
+    return 0
+
+
+def sweep_table(over: str, points: list[dict]) -> str:
+    """The sweep's points as a Markdown table."""
+    def f(value, spec=".2f"):
+        return "–" if value is None else format(value, spec)
+    lines = [f"| {over} | runs | speedup (min–max) | predicted | tokens/pass | mean acceptance length | draft acceptance "
+             "| accepted nothing | per position | identical | reliable |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in points:
+        identical = "–" if s["identical_all"] is None else ("all" if s["identical_all"] else "NO")
+        lines.append(f"| {s['value']} | {s['runs']} | {f(s['speedup'])}× ({f(s['speedup_min'])}–{f(s['speedup_max'])})"
+                     f" | {f(s['predicted_speedup'])}× | {f(s['tokens_per_pass'])} | {f(s['mean_acceptance_length'])} | "
+                     f"{f(s['draft_acceptance_rate'], '.0%')} | {f(s['zero_accept_share'], '.0%')} | "
+                     + " ".join(f"{v:.0%}" for v in s["per_position"]) + f" | {identical} | "
+                     f"{'yes' if s['reliable'] else 'no'} |")
+    return "\n".join(lines)
