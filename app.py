@@ -240,19 +240,26 @@ def _explore_tab(service: Service) -> None:
     first_pair = service.default_pair(choices)
     gr.Markdown(EXPLORE_INTRO)
     with gr.Row():
-        task = gr.Dropdown(tasks, value=first_task, label="task", elem_id="explore-task")
-        pair = gr.Dropdown(choices, value=first_pair, label="model pair", elem_id="explore-pair")
-    text = gr.Textbox(lines=3, label="your text", elem_id="explore-text", value=EXAMPLES["chat"][2][0])
+        task = gr.Dropdown(tasks, value=first_task, label="task", elem_id="explore-task",
+                           info="the kind of input, as in the tabs above")
+        pair = gr.Dropdown(choices, value=first_pair, label="model pair", elem_id="explore-pair",
+                           info="target and assistant; the assistant sweep offers the pairs sharing this target")
+    text = gr.Textbox(lines=3, label="your text", elem_id="explore-text", value=EXAMPLES["chat"][2][0],
+                      info="the prompt every run of the sweep answers")
     audio = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
                      visible=False, elem_id="explore-audio")
     with gr.Row():
         over = gr.Dropdown([(label, name) for name, label in OVER.items()], value="temperature",
-                           label="setting to sweep", elem_id="explore-over")
+                           label="setting to sweep", elem_id="explore-over",
+                           info="the one setting that changes from run to run; the others stay the pair's own")
         values = gr.Textbox(default_values(service.catalog, "temperature", first_task, first_pair),
-                            label="its values, comma-separated", elem_id="explore-values")
-        repeats = gr.Slider(1, 5, value=1, step=1, label="repeats per value", elem_id="explore-repeats")
+                            label="its values, comma-separated", elem_id="explore-values",
+                            info="one point of the plot per value")
+        repeats = gr.Slider(1, 5, value=1, step=1, label="repeats per value", elem_id="explore-repeats",
+                            info="runs per value: the plot shows their median and range")
         max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=DEFAULT_MAX_NEW_TOKENS, step=1,
-                                   label="max new tokens per run", elem_id="explore-max-new-tokens")
+                                   label="max new tokens per run", elem_id="explore-max-new-tokens",
+                                   info="short runs keep a sweep to about a minute on two cores")
     with gr.Row():
         run = gr.Button("Run the sweep", variant="primary", elem_id="explore-run")
         stop = gr.Button("Stop", variant="stop", visible=False, elem_id="explore-stop")
