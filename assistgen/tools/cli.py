@@ -8,7 +8,7 @@ import sys
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASK_LABELS, TASKS
 from ..comparison.tasks import LANGUAGES
 from ..models.catalog import CatalogError, load_catalog
-from .terminal import CliError, load_pair, progress_bar
+from .terminal import CliError, load_pair, pair_for, progress_bar
 
 
 def cmd_models(args) -> int:
@@ -94,13 +94,8 @@ def cmd_compare(args) -> int:
     from ..comparison.speech import speech_windows
     from ..comparison.tasks import InputError, text_inputs
     catalog = load_catalog(args.catalog)
-    try:
-        spec = catalog.pair(args.pair)
-    except KeyError as exc:
-        raise CliError(exc.args[0]) from None
-    if args.task not in spec.tasks:
-        raise CliError(f"pair {spec.name!r} does not do {args.task}; it does {', '.join(spec.tasks)}")
-    if (args.task == "asr") != (args.audio is not None) or (args.text is None and args.audio is None):
+    spec = pair_for(catalog, args.pair, args.task, args.audio)
+    if args.text is None and args.audio is None:
         raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
     settings = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
                         temperature=args.temperature, draft_source=args.draft_source or spec.draft_source,

@@ -56,16 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from ..models.catalog import load_catalog
     from ..models.loading import LoadError
     from ..models.pool import ModelPool
-    from .terminal import CliError, progress_bar
+    from .terminal import CliError, pair_for, progress_bar
     catalog = load_catalog(args.catalog)
-    try:
-        spec = catalog.pair(args.pair)
-    except KeyError as exc:
-        raise CliError(exc.args[0]) from None
-    if args.task not in spec.tasks:
-        raise CliError(f"pair {spec.name!r} does not do {args.task}; it does {', '.join(spec.tasks)}")
-    if (args.task == "asr") != (args.audio is not None):
-        raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
+    spec = pair_for(catalog, args.pair, args.task, args.audio)
     try:
         values = parse_values(args.over, args.values)
         base = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,

@@ -8,6 +8,19 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+def pair_for(catalog, name: str, task: str, audio) -> object:
+    """The catalog's pair `name`, checked for `task` and its input (--audio for speech, --text otherwise)."""
+    try:
+        spec = catalog.pair(name)
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from None
+    if task not in spec.tasks:
+        raise CliError(f"pair {spec.name!r} does not do {task}; it does {', '.join(spec.tasks)}")
+    if (task == "asr") != (audio is not None):
+        raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
+    return spec
+
+
 def progress_bar(min_interval_s: float = 0.5):
     """A tqdm bar on stderr and the `report(fraction, message)` callback that drives it, redrawn at most every
     `min_interval_s` (a conversion reports every tensor: thousands of lines in a log that is not a terminal)."""

@@ -78,7 +78,10 @@ def _layer_error(reduce_range: bool) -> float:
 
 
 def test_the_int8_layer_computes_the_float_layer_closely():
-    assert _layer_error(reduce_range=not quantized.full_range_inputs()) < 0.03
+    """Within 3 % of the float layer with 8-bit inputs (a CPU with VNNI), 5 % with 7-bit ones (the rest: the input's
+    step doubles, and the outlier channel makes it coarse for every other channel)."""
+    full = quantized.full_range_inputs()
+    assert _layer_error(reduce_range=not full) < (0.03 if full else 0.05)
 
 
 @pytest.mark.skipif(not quantized.full_range_inputs(), reason="this CPU has no VNNI: inputs keep 7 bits")
