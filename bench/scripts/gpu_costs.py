@@ -26,6 +26,17 @@ from assistgen.tools.passcosts import VERIFY_ROWS, curve_markdown, plot_curves, 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "bench" / "inputs" / "acceptance_traces.json"
 
+
+def whisper(d_model: int, encoder_layers: int, decoder_layers: int, heads: int, ffn: int, vocab: int, mels: int, *,
+            decoder_only: bool = False) -> dict:
+    """A Whisper configuration's cost-setting fields; `decoder_only`: distil-Whisper's decoder, read as an assistant."""
+    fields = dict(model_type="whisper", vocab_size=vocab, num_mel_bins=mels, d_model=d_model,
+                  encoder_layers=encoder_layers, decoder_layers=decoder_layers, encoder_attention_heads=heads,
+                  decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, max_source_positions=1500,
+                  max_target_positions=448)
+    return dict(fields, is_encoder_decoder=False) if decoder_only else fields
+
+
 # The published configurations of the hub models (config.json of each repository), the fields that set a pass's cost.
 QWEN = dict(model_type="qwen2", vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=32768,
             tie_word_embeddings=True)
@@ -36,22 +47,10 @@ CONFIGS = {
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "Qwen2.5-0.5B": dict(QWEN, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2),
-    "whisper-large-v3": dict(model_type="whisper", vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32,
-                             decoder_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
-                             encoder_ffn_dim=5120, decoder_ffn_dim=5120, max_source_positions=1500,
-                             max_target_positions=448),
-    "distil-large-v3 decoder": dict(model_type="whisper", vocab_size=51866, num_mel_bins=128, d_model=1280,
-                                    encoder_layers=32, decoder_layers=2, encoder_attention_heads=20,
-                                    decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120,
-                                    max_source_positions=1500, max_target_positions=448, is_encoder_decoder=False),
-    "whisper-small.en": dict(model_type="whisper", vocab_size=51864, num_mel_bins=80, d_model=768, encoder_layers=12,
-                             decoder_layers=12, encoder_attention_heads=12, decoder_attention_heads=12,
-                             encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_source_positions=1500,
-                             max_target_positions=448),
-    "distil-small.en decoder": dict(model_type="whisper", vocab_size=51864, num_mel_bins=80, d_model=768,
-                                    encoder_layers=12, decoder_layers=4, encoder_attention_heads=12,
-                                    decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
-                                    max_source_positions=1500, max_target_positions=448, is_encoder_decoder=False),
+    "whisper-large-v3": whisper(1280, 32, 32, 20, 5120, 51866, 128),
+    "distil-large-v3 decoder": whisper(1280, 32, 2, 20, 5120, 51866, 128, decoder_only=True),
+    "whisper-small.en": whisper(768, 12, 12, 12, 3072, 51864, 80),
+    "distil-small.en decoder": whisper(768, 12, 4, 12, 3072, 51864, 80, decoder_only=True),
     "OPT-6.7B": dict(model_type="opt", vocab_size=50272, hidden_size=4096, ffn_dim=16384, num_hidden_layers=32,
                      num_attention_heads=32, word_embed_proj_dim=4096, max_position_embeddings=2048),
     "OPT-125M": dict(model_type="opt", vocab_size=50272, hidden_size=768, ffn_dim=3072, num_hidden_layers=12,
