@@ -153,7 +153,9 @@ def test_loading_lowers_the_encoder_only_where_the_cpu_computes_bfloat16(tmp_pat
     assert target_numerics(pair) == ("float32, encoder bfloat16" if native else "float32")
 
 
-def test_encoder_dtype_on_a_model_other_than_whisper_says_what_to_do(tmp_path):
+def test_encoder_dtype_on_a_model_other_than_whisper_says_what_to_do(tmp_path, monkeypatch):
+    from assistgen.models import availability
+    monkeypatch.setattr(availability, "_failures", {})   # the refused load is remembered per process: not past here
     catalog = _catalog(tmp_path, "")
     spec = dataclasses.replace(catalog.models["tiny-text-target"], encoder_dtype="bfloat16")
     with pytest.raises(LoadError, match="applies to a Whisper model with its encoder; this one is qwen2, so remove"):
