@@ -12,7 +12,7 @@ from starlette.middleware import Middleware  # noqa: E402
 
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
-                               TEMPERATURE_RANGE, WINDOW_RANGE)
+                               TEMPERATURE_RANGE, WINDOW_RANGE, limits_from_env)
 from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
 from assistgen.app.explore import progress_html  # noqa: E402
 from assistgen.app.frontend import EarlyScript  # noqa: E402
@@ -161,7 +161,7 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
                 api_visibility="private", queue=False)
     if task == "asr":
         content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
-                           label=f"speech (up to {duration_text(service.max_audio_seconds)}; a recording longer than "
+                           label=f"speech (up to {duration_text(service.limits.max_audio_s)}; a recording longer than "
                                  "30 s is transcribed in windows)", elem_id="input-asr")
     else:
         content = gr.Textbox(lines=5, label="your text", elem_id=f"input-{task}",
@@ -390,7 +390,7 @@ def queue_and_launch(demo: gr.Blocks, **kwargs):
     configure_queue(demo)
     app_kwargs = kwargs.setdefault("app_kwargs", {})
     app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyScript)]
-    kwargs.setdefault("max_file_size", os.environ.get("ASSISTGEN_MAX_FILE_SIZE", "25mb"))
+    kwargs.setdefault("max_file_size", limits_from_env().max_file_size)
     return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
 
 

@@ -2,6 +2,10 @@
 command line all read them from here."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
 from .engine.schedules import SCHEDULES
 
 TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "Summarization",
@@ -16,3 +20,28 @@ MODE_LABELS = {"same-tokenizer": "same tokenizer", "different-tokenizer": "diffe
 WINDOW_RANGE = (1, 64)                                 # num_assistant_tokens, the initial window
 MAX_NEW_TOKENS_RANGE = (1, 1024)
 TEMPERATURE_RANGE = (0.0, 2.0)                         # 0 means greedy
+
+# What one request may ask of the machine; each can be lowered or raised for a deployment by its environment
+# variable, read only by `limits_from_env`.
+MAX_INPUT_TOKENS = 2048                                # a text prompt, after the prompt style is applied
+MAX_AUDIO_SECONDS = 600.0                              # a recording, transcribed in windows of 30 s
+MAX_FILE_SIZE = "25mb"                                 # an upload, refused by the server before it is read
+MAX_GENERATION_SECONDS = 300.0                         # each run (the page's and the API's), cut short past it
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_tokens: int = MAX_INPUT_TOKENS
+    max_audio_s: float = MAX_AUDIO_SECONDS
+    max_file_size: str = MAX_FILE_SIZE
+    max_generation_s: float = MAX_GENERATION_SECONDS
+
+
+def limits_from_env(environ: Mapping[str, str] | None = None) -> Limits:
+    """The limits, each overridden by its variable where set: ASSISTGEN_MAX_INPUT_TOKENS, ASSISTGEN_MAX_AUDIO_SECONDS,
+    ASSISTGEN_MAX_FILE_SIZE (Gradio's notation: "25mb", "1gb") and ASSISTGEN_MAX_GENERATION_SECONDS."""
+    env = os.environ if environ is None else environ
+    return Limits(max_input_tokens=int(env.get("ASSISTGEN_MAX_INPUT_TOKENS") or MAX_INPUT_TOKENS),
+                  max_audio_s=float(env.get("ASSISTGEN_MAX_AUDIO_SECONDS") or MAX_AUDIO_SECONDS),
+                  max_file_size=env.get("ASSISTGEN_MAX_FILE_SIZE") or MAX_FILE_SIZE,
+                  max_generation_s=float(env.get("ASSISTGEN_MAX_GENERATION_SECONDS") or MAX_GENERATION_SECONDS))

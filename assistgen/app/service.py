@@ -9,9 +9,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..comparison.audio import load_audio, max_audio_seconds
+from ..comparison.audio import load_audio
 from ..models.catalog import Catalog, PairSpec
-from ..choices import DRAFT_SOURCES, TASKS
+from ..choices import DRAFT_SOURCES, TASKS, Limits, limits_from_env
 from ..comparison.compare import Comparison, PrepTimer, Settings, compare, warm_up
 from ..models.availability import pair_availability
 from ..models.devices import default_device, hardware, hardware_key
@@ -20,7 +20,7 @@ from ..models.pool import ModelPool
 from ..models.sizing import pair_fit, parameters
 from .streaming import ModelThread, Snapshot, stream
 from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
-from ..comparison.tasks import DEFAULT_MAX_INPUT_TOKENS, SAMPLE_RATE, InputError, text_inputs
+from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from .validation import UserError, check_request, known_pair, request_settings
 
 
@@ -45,18 +45,14 @@ def update_interval_s() -> float:
 
 
 class Service:
-    def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, max_input_tokens: int | None = None,
-                 max_time_s: float | None = None, device=None):
+    def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, limits: Limits | None = None, device=None):
         self.catalog = catalog
         self.device = device or default_device()   # the hardware the defaults are chosen for
         self.hardware = hardware(self.device)
         self._ready: set[str] = set()             # pairs seen available and within the memory budget
         self._defaults: set[str] | None = None
         self.pool = pool or ModelPool(catalog)
-        self.max_input_tokens = max_input_tokens or int(os.environ.get("ASSISTGEN_MAX_INPUT_TOKENS",
-                                                                       DEFAULT_MAX_INPUT_TOKENS))
-        self.max_time_s = max_time_s or float(os.environ.get("ASSISTGEN_MAX_GENERATION_SECONDS", 300))
-        self.max_audio_seconds = max_audio_seconds()
+        self.limits = limits or limits_from_env()
         # all model work runs on one thread: one request at a time, so timings never mix, on the thread the warm-up
         # warmed for every request
         self.model_thread = ModelThread()
@@ -123,7 +119,7 @@ class Service:
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:
         """A request's settings, validated (`validation.request_settings`); an unknown pair is a UserError."""
-        return request_settings(known_pair(self.catalog, pair_name), max_time_s=self.max_time_s, **values)
+        return request_settings(known_pair(self.catalog, pair_name), max_time_s=self.limits.max_generation_s, **values)
 
     def stream(self, task: str, pair_name: str, *, text: str | None = None, audio: str | None = None,
                target_language: str = "French", language: str | None = None,
@@ -137,7 +133,7 @@ class Service:
         if task == "asr":
             try:
                 with prep.part("audio_decode_s"):
-                    samples = load_audio(audio, max_seconds=self.max_audio_seconds)
+                    samples = load_audio(audio, max_seconds=self.limits.max_audio_s)
             except InputError as exc:
                 raise UserError(str(exc)) from None
         elif not isinstance(text, str) or not text.strip():
@@ -154,7 +150,7 @@ class Service:
                         inputs = speech_windows(pair, samples, language=spoken["code"])
                 else:
                     inputs = text_inputs(pair, task, text, target_language=target_language,
-                                         max_input_tokens=self.max_input_tokens)
+                                         max_input_tokens=self.limits.max_input_tokens)
                 emit("pair", pair)
                 return compare(pair, task, inputs, settings,
                                on_baseline_step=lambda step: emit("baseline", step),
@@ -211,4 +207,4 @@ class Service:
     def _warm_up_inputs(self, pair: LoadedPair) -> dict:
         if "asr" in pair.spec.tasks:
             return asr_inputs(pair, np.zeros(SAMPLE_RATE, dtype=np.float32))   # a second of silence
-        return text_inputs(pair, pair.spec.tasks[0], "Hello.", max_input_tokens=self.max_input_tokens)
+        return text_inputs(pair, pair.spec.tasks[0], "Hello.", max_input_tokens=self.limits.max_input_tokens)

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..choices import limits_from_env
 from .tasks import SAMPLE_RATE, InputError
 
-DEFAULT_MAX_SECONDS = 600.0   # ten minutes, transcribed in windows of 30 s
 MIN_SECONDS = 0.1
 SILENCE_PEAK = 1e-4
-
-
-def max_audio_seconds() -> float:
-    return float(os.environ.get("ASSISTGEN_MAX_AUDIO_SECONDS", DEFAULT_MAX_SECONDS))
 
 
 def duration_text(seconds: float) -> str:
@@ -35,7 +31,7 @@ FFMPEG_OPTIONS = {"protocol_whitelist": "file", "enable_drefs": "0",   # no MOV 
 def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
     """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, undecodable, too long, too
     short or silent audio. The length is read from the file's header before anything is decoded."""
-    max_seconds = max_audio_seconds() if max_seconds is None else max_seconds
+    max_seconds = limits_from_env().max_audio_s if max_seconds is None else max_seconds
     if path is None or str(path).strip() == "":
         raise InputError("no audio: upload a clip or record one with the microphone")
     path = Path(path)

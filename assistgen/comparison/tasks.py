@@ -2,11 +2,11 @@
 `speech`)."""
 from __future__ import annotations
 
+from ..choices import MAX_INPUT_TOKENS
 from ..models.loading import LoadedPair
 
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese", "Russian",
              "English")
-DEFAULT_MAX_INPUT_TOKENS = 2048
 SAMPLE_RATE = 16_000
 
 
@@ -23,7 +23,7 @@ def _instruction(task: str, text: str, target_language: str) -> str:
 
 
 def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str = "French",
-                max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS) -> dict:
+                max_input_tokens: int = MAX_INPUT_TOKENS) -> dict:
     """Tokenized prompt for chat, translation or summarization, within the input token budget."""
     if task not in pair.spec.tasks:
         raise InputError(f"pair {pair.spec.name!r} does not do {task}; it does {', '.join(pair.spec.tasks)}")

@@ -4,6 +4,7 @@ not do: decode a 2-hour file, unpickle weights)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import re
 import shutil
@@ -272,14 +273,14 @@ def test_a_runaway_generation_stops_at_the_time_limit_with_its_partial_output_an
     pair = service.pool.pair("tiny-text")
     assert pair.target.eos_token_ids
     monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
-    monkeypatch.setattr(service, "max_time_s", 0.4)
+    monkeypatch.setattr(service, "limits", dataclasses.replace(service.limits, max_generation_s=0.4))
     result = compare(client, max_new_tokens=1024)
     for run in ("baseline", "assisted"):  # the time limit, not the token budget, ended both runs
         assert result[run]["stop_reason"] == "max_time"
         assert 1 <= result[run]["new_tokens"] < 1024
     assert any("time limit" in w and "partial" in w for w in result["warnings"]), result["warnings"]
     # Without a time limit, max_new_tokens bounds it exactly.
-    monkeypatch.setattr(service, "max_time_s", 300.0)
+    monkeypatch.setattr(service, "limits", dataclasses.replace(service.limits, max_generation_s=300.0))
     result = compare(client, max_new_tokens=20)
     assert [result[r]["new_tokens"] for r in ("baseline", "assisted")] == [20, 20]
     assert result["baseline"]["stop_reason"] == "max_new_tokens"
