@@ -19,7 +19,7 @@ from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
-from assistgen.app.validation import UserError  # noqa: E402
+from assistgen.app.validation import USER_ERRORS  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
 from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
 from assistgen.comparison.sweep import OVER  # noqa: E402
@@ -54,9 +54,9 @@ EXAMPLES = {
 
 
 def _as_gradio_error(exc: Exception) -> gr.Error:
-    """What the user reads when a request fails: a UserError says what to do; anything else says what happened.
-    Either way the server keeps serving and the page keeps the input."""
-    if isinstance(exc, UserError):
+    """What the user reads when a request fails: a user error (`USER_ERRORS`) says what to do; anything else says
+    what happened. Either way the server keeps serving and the page keeps the input."""
+    if isinstance(exc, USER_ERRORS):
         return gr.Error(str(exc))
     return gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
 

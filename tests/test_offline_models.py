@@ -74,13 +74,13 @@ def test_whisper_base_with_its_own_int8_decoder_drafts_nearly_every_token(real_s
 
 
 def test_the_default_speech_pair_drafts_in_german_too(real_service):
-    from assistgen.app.service import Service
     from assistgen.comparison.audio import load_audio
+    from assistgen.comparison.request import speech_language
     from assistgen.comparison.speech import speech_windows
     from helpers import ROOT
     pair = real_service.pool.pair(SPEECH_DEFAULT)
     samples = load_audio(ROOT / "bench" / "inputs" / "speech-other" / "de-150.flac")
-    language = Service.speech_language(pair, samples, "auto")
+    language = speech_language(pair, samples, "auto")
     result = compare(pair, "asr", speech_windows(pair, samples, language=language["code"]),
                      Settings(max_new_tokens=60), language=language)
     assert language["code"] == "de"
@@ -149,13 +149,13 @@ def test_a_real_recording_over_30_s_is_transcribed_in_windows_identically_and_ac
 
 
 def test_german_speech_is_detected_and_the_english_only_assistant_stops_drafting(real_service):
-    from assistgen.app.service import Service
     from assistgen.comparison.audio import load_audio
+    from assistgen.comparison.request import speech_language
     from assistgen.comparison.speech import speech_windows
     from helpers import ROOT
     pair = real_service.pool.pair("whisper-base+tiny.en-int8")
     samples = load_audio(ROOT / "bench" / "inputs" / "speech-other" / "de-150.flac")
-    language = Service.speech_language(pair, samples, "auto")
+    language = speech_language(pair, samples, "auto")
     assert language["code"] == "de" and language["probability"] > 0.5
     result = compare(pair, "asr", speech_windows(pair, samples, language="de"), Settings(max_new_tokens=60),
                      language=language)

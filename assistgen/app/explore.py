@@ -8,7 +8,8 @@ from typing import Iterator
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, parse_values, run_sweep,
                                 sweep_break_even_figure, sweep_figure)
-from .validation import UserError, check_request, number
+from ..comparison.request import number, pair_for_task
+from .validation import UserError
 
 MAX_RUNS = 12                 # values × repeats, checked on the server
 DEFAULT_MAX_NEW_TOKENS = 32   # short outputs: the default sweep finishes in about a minute on two cores
@@ -28,7 +29,7 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
     """Check the request, then run the sweep (`comparison.sweep.run_sweep`), each run a `Service.run` comparison;
     yield the progress after each. Settings that are not swept are the pair's own, at temperature 0. Closing the
     generator stops the sweep after the comparison under way."""
-    spec = check_request(service.catalog, task, pair_name)
+    spec = pair_for_task(service.catalog, pair_name, task)
     if over not in OVER:
         raise UserError(f"pick a setting to sweep: {', '.join(OVER)}")
     try:
@@ -47,7 +48,7 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
             raise UserError(f"{', '.join(bad)}: not a pair sharing {spec.name}'s target; pick from "
                             f"{', '.join(allowed)}")
         for name in parsed:
-            check_request(service.catalog, task, name)
+            pair_for_task(service.catalog, name, task)
     base = service.settings(pair_name, max_new_tokens=max_new_tokens)
 
     def run_one(settings, name: str) -> dict:

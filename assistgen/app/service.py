@@ -1,6 +1,7 @@
 """What the app and the API do with a request: validate it, load the pair, run baseline then assisted, stream.
 
-Gradio-free, so tests drive it directly; app.py only lays out components and turns UserError into gr.Error.
+Gradio-free, so tests drive it directly; app.py only lays out components and turns a user error
+(`validation.USER_ERRORS`) into gr.Error.
 """
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ import os
 from typing import Iterator
 
 import numpy as np
+import torch
 
-from ..comparison.audio import load_audio
-from ..models.catalog import Catalog, PairSpec
 from ..choices import DRAFT_SOURCES, TASKS, Limits, limits_from_env
-from ..comparison.compare import Comparison, PrepTimer, Settings, compare, warm_up
+from ..comparison.compare import Comparison, Settings, compare, warm_up
+from ..comparison.request import build_request, pair_for_task, request_inputs, request_settings
+from ..comparison.speech import asr_inputs
+from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
+from ..models.catalog import Catalog, PairSpec
 from ..models.devices import default_device, hardware, hardware_key
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit, parameters
 from .streaming import ModelThread, Snapshot, stream
-from ..comparison.speech import asr_inputs, detect_language, languages, speech_windows
-from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
-from .validation import UserError, check_request, known_pair, request_settings
+from .validation import UserError
 
 
 UPDATE_INTERVAL_S = 1.0          # a running comparison's panels are updated at most this often
@@ -39,7 +41,6 @@ def update_interval_s() -> float:
     every two seconds."""
     if os.environ.get("ASSISTGEN_UPDATE_INTERVAL_S"):
         return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
-    import torch
     spare = default_device().type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()
     return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
 
@@ -103,14 +104,20 @@ class Service:
             self._defaults = set(self.default_pairs())
         return f"chosen for: {self.hardware}" if pair_name in self._defaults else None
 
+    def _spec(self, pair_name: str) -> PairSpec:
+        try:
+            return self.catalog.pair(pair_name)
+        except KeyError as exc:
+            raise InputError(exc.args[0]) from None
+
     def pair_defaults(self, pair_name: str) -> tuple[int, str, int, str]:
         """The pair's max new tokens, draft source, initial window and schedule, from models.yaml."""
-        spec = known_pair(self.catalog, pair_name)
+        spec = self._spec(pair_name)
         return spec.max_new_tokens, spec.draft_source, spec.num_assistant_tokens, spec.schedule
 
     def pair_info(self, pair_name: str) -> str:
         """One line under the pair dropdown: what the pair is, and its defaults."""
-        spec = known_pair(self.catalog, pair_name)
+        spec = self._spec(pair_name)
         chosen = self.chosen_for(pair_name)
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
                 f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}"
@@ -118,67 +125,38 @@ class Service:
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:
-        """A request's settings, validated (`validation.request_settings`); an unknown pair is a UserError."""
-        return request_settings(known_pair(self.catalog, pair_name), max_time_s=self.limits.max_generation_s, **values)
+        """A request's settings, validated (`request.request_settings`), with the server's time limit for each run;
+        an unknown pair or a bad value is an InputError."""
+        return request_settings(self._spec(pair_name), max_time_s=self.limits.max_generation_s, **values)
 
     def stream(self, task: str, pair_name: str, *, text: str | None = None, audio: str | None = None,
                target_language: str = "French", language: str | None = None,
                settings: Settings) -> Iterator[Snapshot]:
-        """Validate, load (with progress), run baseline then assisted; yield snapshots as steps arrive.
+        """Validate (`request.build_request`), load (with progress), run baseline then assisted; yield snapshots as
+        steps arrive. An InputError or UserError says what the user can change.
 
         Speech: `language` is a code the target knows, or None / "auto" to let the target detect it; a recording
         longer than 30 s runs window by window."""
-        check_request(self.catalog, task, pair_name)
-        samples, prep = None, PrepTimer()
-        if task == "asr":
-            try:
-                with prep.part("audio_decode_s"):
-                    samples = load_audio(audio, max_seconds=self.limits.max_audio_s)
-            except InputError as exc:
-                raise UserError(str(exc)) from None
-        elif not isinstance(text, str) or not text.strip():
-            raise UserError("the text is empty: type or paste something first")
+        request = build_request(pair_for_task(self.catalog, pair_name, task), task, settings, text=text, audio=audio,
+                                target_language=target_language, language=language, limits=self.limits)
 
         def work(emit) -> Comparison:
             try:
                 pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
-                spoken = None
-                if task == "asr":
-                    spoken = self.speech_language(pair, samples, language)
-                    emit("language", spoken)
-                    with prep.part("features_s"):
-                        inputs = speech_windows(pair, samples, language=spoken["code"])
-                else:
-                    inputs = text_inputs(pair, task, text, target_language=target_language,
-                                         max_input_tokens=self.limits.max_input_tokens)
+                prepared = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
                 emit("pair", pair)
-                return compare(pair, task, inputs, settings,
+                return compare(pair, task, prepared.inputs, settings,
                                on_baseline_step=lambda step: emit("baseline", step),
                                on_assisted_step=lambda step: emit("assisted", step),
                                on_phase=lambda name: emit("phase", name),
                                on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
-                               language=spoken, prep=prep.seconds if task == "asr" else None)
-            except InputError as exc:
-                raise UserError(str(exc)) from None
+                               language=prepared.language, prep=prepared.prep)
             except LoadError as exc:
                 raise UserError(f"could not load pair {pair_name!r}: {exc}") from None
             except MemoryError:
                 raise UserError("the server ran out of memory; try a shorter input or fewer max_new_tokens") from None
 
         yield from stream(work, self.update_interval_s, self.model_thread)
-
-    @staticmethod
-    def speech_language(pair: LoadedPair, samples, language: str | None) -> dict:
-        """The language to transcribe in: the one asked for (checked against the target's), or the target's own
-        detection over the first 30 s."""
-        if language in (None, "", "auto"):
-            code, probability = detect_language(pair, samples)
-            return {"code": code, "detected": True, "probability": round(probability, 3)}
-        known = languages(pair.target.model)
-        if language not in known:
-            raise UserError(f"{pair.target.spec.name} does not know the language {language!r}; pick auto-detect or "
-                            f"one of {', '.join(known)}")
-        return {"code": language, "detected": False, "probability": None}
 
     def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
         """The whole comparison, without streaming (CLI-like API use)."""

