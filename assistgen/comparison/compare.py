@@ -17,6 +17,7 @@ from . import schedule_store
 from .acceptance import acceptance
 from .breakeven import break_even
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
+from .runtime import is_warm, runtime, set_warm
 from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
 
@@ -243,22 +244,23 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
 
     # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
     key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
+    measured = runtime(pair).schedules
 
     def one(model_inputs: dict) -> GenerationResult:
         schedule = settings.schedule
         if schedule == "adaptive" and draft_source is not None:
-            if key not in pair.measured_schedules:   # a new process: what an earlier one measured on this machine
+            if key not in measured:   # a new process: what an earlier one measured on this machine
                 stored = schedule_store.load(pair, key)
                 if stored is not None:
-                    pair.measured_schedules[key] = stored
-            schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=pair.measured_schedules.get(key))
+                    measured[key] = stored
+            schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=measured.get(key))
         result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
                           do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
                           seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
                           num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
-            pair.measured_schedules[key] = schedule
+            measured[key] = schedule
             if not isinstance(inputs, list) or model_inputs is inputs[-1].inputs:   # once a run: its last window
                 schedule_store.save(pair, key, schedule)
         return result
@@ -276,10 +278,10 @@ def payback_costs(pair: LoadedPair) -> PaybackCosts:
     """The pair's measured costs of the assistant's prompt pass and of what it saves, shared by its runs: each starts
     its assistant only once that pass can pay back (`engine.drafting.PaybackGate`). Before the first measurement the
     assistant's prompt pass is taken to cost its share of the target's parameters of the target's."""
-    key = ("payback",)
-    if key not in pair.measured_schedules:
-        pair.measured_schedules[key] = PaybackCosts(1 / pair.parameter_ratio)
-    return pair.measured_schedules[key]
+    state = runtime(pair)
+    if state.payback is None:
+        state.payback = PaybackCosts(1 / pair.parameter_ratio)
+    return state.payback
 
 
 def first_inputs(inputs: Inputs) -> dict:
@@ -331,17 +333,18 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
     (measured on the default pair: a second run of the same warm-up took as long as the first), so a longer
     warm-up bought nothing and cost the 1.5B 3.9 s per load."""
     assisted = pair.assistant is not None and pair.assistant_usable
-    if pair.probe is None:
-        pair.probe = SpeedProbe(pair.target.model, inputs)
-        pair.target.warm = False   # a target is shared between pairs: warmed by another pair, it warms up again here
-    if pair.target.warm and (not assisted or pair.assistant.warm):
+    state = runtime(pair)
+    if state.probe is None:
+        state.probe = SpeedProbe(pair.target.model, inputs)
+        set_warm(pair.target, False)   # a target is shared between pairs: warmed by another pair, it warms up again
+    if is_warm(pair.target) and (not assisted or is_warm(pair.assistant)):
         return
     if not pair.target.model.config.is_encoder_decoder and "input_ids" in inputs:
         inputs = {"input_ids": inputs["input_ids"][:, :WARM_UP_TOKENS]}
     run_generation(pair, inputs, Settings(max_new_tokens=2), draft_source="assistant" if assisted else None)
-    pair.target.warm = True
+    set_warm(pair.target, True)
     if assisted:
-        pair.assistant.warm = True
+        set_warm(pair.assistant, True)
 
 
 def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
@@ -369,7 +372,7 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     phase("warm-up")
     warm_up(pair, first)
     phase("probe")
-    probe = pair.probe
+    probe = runtime(pair).probe
     before = probe.pass_s()
     phase("baseline")
     baseline = run_generation(pair, inputs, settings, on_step=on_baseline_step,

@@ -1,5 +1,5 @@
 """What the adaptive schedule measured with a pair (pass costs, calibration), kept in the assistgen cache so that a
-new process starts from it, as a later run in the same process does (`LoadedPair.measured_schedules`).
+new process starts from it, as a later run in the same process does (`runtime.PairRuntime.schedules`).
 
 Kept only for pairs whose models all come from the cache (the offline packs), in one file per pair, with the facts the
 costs depend on: the models' folders, dtypes and devices, whether oneDNN runs the fp32 layers, torch, the CPU (its

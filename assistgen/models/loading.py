@@ -34,7 +34,6 @@ class LoadedModel:
     num_parameters: int
     num_bytes: int
     load_s: float
-    warm: bool = False          # has run once, so one-time costs are out of the way of timed runs
     folder: str | None = None   # what transformers loaded it from (a folder, or a hub id)
 
     @property
@@ -54,11 +53,6 @@ class LoadedPair:
     mode: str                   # "same-tokenizer", "different-tokenizer" or "no-assistant"
     mode_reason: str
     warnings: list[str] = field(default_factory=list)
-    probe: Any = None           # the comparison's speed probe (comparison.probe.SpeedProbe), built by the warm-up
-    # (draft source, temperature, top-p) -> the last adaptive schedule run so (an engine.schedules.AdaptiveSchedule),
-    # whose costs and calibration start the next such run's (`comparison.compare.run_generation`); and under
-    # ("payback",) the costs that decide when the assistant starts (an engine.drafting.PaybackCosts)
-    measured_schedules: dict[tuple, Any] = field(default_factory=dict)
 
     @property
     def parameter_ratio(self) -> float | None:

@@ -7,6 +7,7 @@ import pytest
 
 from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
+from assistgen.comparison.runtime import is_warm, runtime
 from assistgen.models.pool import ModelPool
 from assistgen.app.render import LiveView, result_outputs, summary_html
 from assistgen.app.streaming import Snapshot
@@ -149,7 +150,7 @@ def test_the_probe_is_built_before_the_warm_up_so_the_warm_up_runs_around_its_me
     import numpy as np
     inputs = asr_inputs(fresh, np.random.default_rng(0).normal(0, 0.1, 16000).astype(np.float32))
     compare_module.warm_up(fresh, inputs)
-    assert order == ["probe", "generation"] and fresh.probe is not None and fresh.target.warm
+    assert order == ["probe", "generation"] and runtime(fresh).probe is not None and is_warm(fresh.target)
     order.clear()
     compare_module.warm_up(fresh, inputs)   # once per pair
     compare(fresh, "asr", inputs, Settings(max_new_tokens=4))

@@ -8,6 +8,7 @@ import torch
 
 import helpers as tm
 from assistgen.comparison.compare import Settings, compare
+from assistgen.comparison.runtime import runtime
 from assistgen.comparison.speech import SpeechWindow, cut_points
 from assistgen.models.loading import check_pair
 
@@ -100,15 +101,15 @@ def test_the_adaptive_schedule_starts_each_run_from_the_costs_the_last_one_measu
     pair, tokenizer = speech_pair
     windows = [SpeechWindow(0.0, 28.5, _window(tokenizer, "en")), SpeechWindow(28.5, 40.0, _window(tokenizer, "en"))]
     heuristic = compare(pair, "asr", windows, Settings(max_new_tokens=24))
-    assert pair.measured_schedules == {} and heuristic.identical   # the other schedules keep no costs
+    assert runtime(pair).schedules == {} and heuristic.identical   # the other schedules keep no costs
     first = compare(pair, "asr", windows, Settings(max_new_tokens=24, schedule="adaptive"))
     starts = [first.assisted.steps[i] for i in first.assisted.prompt_steps]
     assert [step.window for step in starts] == [5, 32]
     greedy = ("assistant", 0.0, None)
-    measured = pair.measured_schedules[greedy]
+    measured = runtime(pair).schedules[greedy]
     assert measured.costs.known
     second = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive"))
-    assert second.assisted.steps[0].window == 32 and pair.measured_schedules[greedy] is not measured
+    assert second.assisted.steps[0].window == 32 and runtime(pair).schedules[greedy] is not measured
     assert first.identical and second.identical
     sampled = compare(pair, "asr", windows[:1], Settings(max_new_tokens=24, schedule="adaptive", temperature=0.8,
                                                           seed=0))
