@@ -71,7 +71,8 @@ def asr_inputs(pair: LoadedPair, audio: np.ndarray, *, language: str = "en") -> 
     if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
         raise InputError(f"this Whisper model has no language token for {language!r}")
     # attention_mask marks the clip's own frames among the 30 s window: Whisper's encoder reads the whole window (it
-    # takes the mask and ignores it), an assistant's may read only the clip (engine.retokenizing.clip_encoder_outputs)
+    # takes the mask and ignores it), an assistant's may read only the clip
+    # (engine.whisper_decoder.clip_encoder_outputs)
     return {"input_features": extracted.input_features.to(pair.target.model.dtype),
             "decoder_input_ids": torch.tensor([ids]), "attention_mask": extracted.attention_mask}
 

@@ -17,6 +17,7 @@ from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, Candi
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
 from .retokenizing import different_tokenizer_source
+from .whisper_decoder import AUDIO_MARGIN_S
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import WindowSchedule, make_schedule
 
@@ -99,14 +100,15 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
 
 def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
                  assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
-                 assistant_tokenizer=None, payback: PaybackCosts | None = None,
-                 budget: int = 0) -> CandidateGenerator | None:
+                 assistant_tokenizer=None, payback: PaybackCosts | None = None, budget: int = 0,
+                 audio_margin_s: float | None = AUDIO_MARGIN_S) -> CandidateGenerator | None:
     """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
     own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
     both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
     none (the baseline). `encoder_outputs` are an encoder-decoder target's: an assistant reads them only where it
     has no encoder of its own (distil-Whisper's decoder reads Whisper's encoder output) or its encoder is the
-    target's; any other runs its own (`encoders.assistant_encoder_outputs`). With `payback` (pass costs measured on
+    target's; any other runs its own (`encoders.assistant_encoder_outputs`; a Whisper assistant reads the clip plus
+    `audio_margin_s` only, `whisper_decoder.AUDIO_MARGIN_S`). With `payback` (pass costs measured on
     this machine), an assistant with the target's tokenizer and prompt lookup starts only once its prompt pass can pay
     back within the answer's `budget` (`drafting.PaybackGate`)."""
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
@@ -115,14 +117,15 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
     gate = None
     if tokenizer is None:
-        encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs)
+        encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                   encoder_outputs=encoder_outputs, assistant=True), eos)
+                                                   encoder_outputs=encoder_outputs, assistant=True,
+                                                   audio_margin_s=audio_margin_s), eos)
         if payback is not None:
             gate = PaybackGate(source.prefill, payback, budget, synchronized_clock(model.device))
     else:
         source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
-                                             assistant_tokenizer)
+                                             assistant_tokenizer, audio_margin_s=audio_margin_s)
     return AssistantWithLookupCandidates(source, eos, gate=gate) if prompt_lookup_num_tokens > 0 else source
 
 
@@ -169,8 +172,8 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
              num_assistant_tokens_schedule: str | WindowSchedule = "heuristic",
              eos_token_id: int | list[int] | None = None, on_step: Callable[[Step], None] | None = None,
              max_time_s: float | None = None, candidate_generator: CandidateGenerator | None = None,
-             tokenizer=None, assistant_tokenizer=None, assistant_payback: PaybackCosts | None = None
-             ) -> GenerationResult:
+             tokenizer=None, assistant_tokenizer=None, assistant_payback: PaybackCosts | None = None,
+             assistant_audio_margin_s: float | None = AUDIO_MARGIN_S) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens for one sequence (batch size 1), with transformers' keyword names.
 
     Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
@@ -180,6 +183,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     schedule is a name from `schedules.SCHEDULES` or a schedule object. With both an assistant (same tokenizer) and
     prompt lookup, `assistant_payback` (costs measured on this machine, updated in place for the next generation)
     starts the assistant only once its prompt pass can pay back; the result's `assistant_start` says when and why.
+    A Whisper assistant reads the clip's own frames plus `assistant_audio_margin_s` (None: the whole window).
     This builds the parts; `speculative_decode` runs them.
     """
     if max_new_tokens < 1:
@@ -197,7 +201,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     source = candidate_generator if candidate_generator is not None else draft_source(
         model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
-        payback=assistant_payback, budget=budget)
+        payback=assistant_payback, budget=budget, audio_margin_s=assistant_audio_margin_s)
     window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
     schedule = (make_schedule(num_assistant_tokens_schedule, window)
                 if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)

@@ -12,8 +12,7 @@ import weakref
 import torch
 from torch import nn
 
-from . import kv
-from .retokenizing import clip_encoder_outputs
+from . import whisper_decoder
 
 # assistant encoder -> (the target encoder it was compared with, whether they are equal): compared once per pair
 _verdicts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -58,10 +57,12 @@ def reads_target_encoder(model, assistant_model) -> bool:
     return same_encoder(model.get_encoder(), assistant_model.get_encoder())
 
 
-def assistant_encoder_outputs(model, assistant_model, inputs: dict, target_outputs):
+def assistant_encoder_outputs(model, assistant_model, inputs: dict, target_outputs,
+                              audio_margin_s: float | None = whisper_decoder.AUDIO_MARGIN_S):
     """The encoder output an assistant of the same vocabulary reads: the target's where it may
     (`reads_target_encoder`); else None, for the assistant to run its own encoder on the inputs, except a Whisper
-    one, whose encoder runs here over the clip's own frames only (`kv.ASSISTANT_AUDIO_MARGIN_S`)."""
+    one, whose encoder runs here over the clip's own frames plus `audio_margin_s` only
+    (`whisper_decoder.assistant_encoder_outputs`)."""
     if target_outputs is None or reads_target_encoder(model, assistant_model):
         return target_outputs
     features = inputs.get("input_features")
@@ -70,7 +71,4 @@ def assistant_encoder_outputs(model, assistant_model, inputs: dict, target_outpu
     if assistant_model.config.num_mel_bins != features.shape[1]:
         raise ValueError("the assistant expects other audio features than the target "
                          f"({assistant_model.config.num_mel_bins} vs {features.shape[1]} mel bins)")
-    frames = inputs.get("attention_mask")
-    if frames is None or kv.ASSISTANT_AUDIO_MARGIN_S is None:
-        return None
-    return clip_encoder_outputs(assistant_model, features, int(frames.sum()), kv.ASSISTANT_AUDIO_MARGIN_S)
+    return whisper_decoder.assistant_encoder_outputs(assistant_model, inputs, audio_margin_s)

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import weakref
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
+
+
+@runtime_checkable
+class RowFusable(Protocol):
+    """A linear layer of its own kind (int8, say) that joins layers of its kind reading the same input into one
+    product, each output row still its own weight row's product."""
+
+    def fused(self, others: Sequence["RowFusable"]) -> nn.Module:
+        """This layer and `others` as one layer, outputs in that order, side by side."""
+        ...
 
 
 def fused_linear(linears: list[nn.Module]) -> nn.Module:
     """One product for several linear layers that read the same input, their outputs side by side. Exact: each
     output row is still its own weight row's product (an int8 layer keeps its per-row scales; its input is quantized
     once, as each layer would have quantized it)."""
-    kind = type(linears[0])
-    if hasattr(kind, "stored") and all(type(m) is kind for m in linears):
-        # int8 layers (`models.quantized.Int8Linear`): rebuilt from their stored int8 weights, rows side by side
-        parts = [m.stored() for m in linears]
-        biases = [b if b is not None else torch.zeros(w.shape[0]) for w, _, b in parts]
-        return kind(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
+    first = linears[0]
+    if isinstance(first, RowFusable) and all(type(m) is type(first) for m in linears):
+        return first.fused(linears[1:])
     if all(type(m) is nn.Linear for m in linears):
         weight = torch.cat([m.weight.detach() for m in linears])
         fused = nn.Linear(weight.shape[1], weight.shape[0], bias=True, device=weight.device, dtype=weight.dtype)

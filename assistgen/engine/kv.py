@@ -8,24 +8,6 @@ import torch
 from . import llama_decoder, whisper_decoder
 
 
-# An assistant reads a Whisper clip's own frames plus this much, not the 30 s of padding around a short clip
-# (whisper.cpp's audio_ctx): an assistant with its own encoder runs it over them only
-# (`retokenizing.clip_encoder_outputs`), and a lean decoder's cross-attention attends to them only. The target decides
-# every token, so this changes how often drafts are accepted, never the transcript. None: the whole window.
-ASSISTANT_AUDIO_MARGIN_S: float | None = 2.0
-
-
-def clip_positions(inputs: dict, margin_s: float | None) -> int | None:
-    """How many of a Whisper encoder's output positions hold the clip plus `margin_s`: its mel frames (100 a second,
-    marked by the feature extractor's attention_mask) plus the margin, halved by the encoder's second convolution.
-    None for other inputs, or when `margin_s` is None."""
-    frames = inputs.get("attention_mask") if "input_features" in inputs else None
-    if frames is None or margin_s is None:
-        return None
-    length = min(inputs["input_features"].shape[-1], int(frames.sum()) + round(100 * margin_s))
-    return (length + length % 2) // 2
-
-
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -54,12 +36,14 @@ class CachedDecoder:
     assistant layout) takes another model's ``encoder_outputs``.
 
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
-    `whisper_decoder.WhisperDecoderStep`, a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
+    `whisper_decoder.WhisperDecoderStep`, its cross-attention over the clip plus `audio_margin_s` (None: the whole
+    window), a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
     arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). The target always runs
     through transformers' own modules.
     """
 
-    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False):
+    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
+                 audio_margin_s: float | None = whisper_decoder.AUDIO_MARGIN_S):
         self.model = model
         self.device = model.device
         self.passes = 0
@@ -90,7 +74,7 @@ class CachedDecoder:
         if assistant and whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
             hidden = self._extra["encoder_outputs"]
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden.last_hidden_state
-            positions = clip_positions(inputs, ASSISTANT_AUDIO_MARGIN_S)
+            positions = whisper_decoder.clip_positions(inputs, audio_margin_s)
             if positions is not None:
                 hidden = hidden[:, :positions]
             self._step = whisper_decoder.WhisperDecoderStep(model, hidden)

@@ -1,12 +1,12 @@
 """Drafts from an assistant with its own tokenizer (transformers' "universal assisted generation"): the text is carried
 across the two vocabularies at every step, the forced prefix once; a Whisper assistant reads its own encoder's view
-of the clip."""
+of the clip (`whisper_decoder.assistant_encoder_outputs`)."""
 from __future__ import annotations
 
 import torch
 
+from . import whisper_decoder
 from .drafting import Draft
-from . import kv
 from .kv import CachedDecoder, eos_token_ids
 
 
@@ -125,26 +125,10 @@ def _translate(prefix: list[int], target_tokenizer, assistant_tokenizer, drop) -
     return out
 
 
-def clip_encoder_outputs(model, features: torch.Tensor, frames: int, margin_s: float):
-    """A Whisper encoder's output over the first `frames` mel frames (100 a second) plus `margin_s`, not the whole
-    30 s window: the positional embedding is sliced to match. The encoder's cost grows with its length, and a clip of
-    5 s pads to 30. Only an assistant may read its input so: the target decides every token, so the assistant's
-    encoder changes how often its drafts are accepted, never the transcript."""
-    from transformers.modeling_outputs import BaseModelOutput
-    encoder = model.get_encoder()
-    length = min(features.shape[-1], frames + round(100 * margin_s))
-    length += length % 2   # the second convolution halves it
-    hidden = torch.nn.functional.gelu(encoder.conv1(features[..., :length].to(model.device, model.dtype)))
-    hidden = torch.nn.functional.gelu(encoder.conv2(hidden)).permute(0, 2, 1)
-    hidden = hidden + encoder.embed_positions.weight[:hidden.shape[1]]
-    for layer in encoder.layers:
-        hidden = layer(hidden, None)
-    return BaseModelOutput(last_hidden_state=encoder.layer_norm(hidden))
-
-
-def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer):
+def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer, assistant_tokenizer, *,
+                               audio_margin_s: float | None = whisper_decoder.AUDIO_MARGIN_S):
     """The assistant reads the same input in its own vocabulary; its own encoder runs once on the same features (a
-    Whisper assistant's on the clip's frames only, when the inputs say how many: `ASSISTANT_AUDIO_MARGIN_S`)."""
+    Whisper assistant's on the clip's frames plus `audio_margin_s` only, when the inputs say how many)."""
     drop: set[str] = set()
     if model.config.is_encoder_decoder:
         if not assistant_model.config.is_encoder_decoder:
@@ -159,16 +143,12 @@ def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, toke
         assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer, drop=drop)
         assistant_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
         assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])
-        frames = inputs.get("attention_mask")   # Whisper's feature extractor marks the clip's own frames
-        encoder_outputs = None
-        if "input_features" in inputs and frames is not None and kv.ASSISTANT_AUDIO_MARGIN_S is not None:
-            encoder_outputs = clip_encoder_outputs(assistant_model, inputs["input_features"], int(frames.sum()),
-                                                   kv.ASSISTANT_AUDIO_MARGIN_S)
+        encoder_outputs = whisper_decoder.assistant_encoder_outputs(assistant_model, inputs, audio_margin_s)
     else:
         assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer)
         assistant_inputs = {"input_ids": torch.tensor([assistant_prefix])}
         encoder_outputs = None
     return DifferentTokenizerCandidates(
         CachedDecoder(assistant_model, assistant_inputs, prefix_length=len(assistant_prefix),
-                      encoder_outputs=encoder_outputs, assistant=True),
+                      encoder_outputs=encoder_outputs, assistant=True, audio_margin_s=audio_margin_s),
         assistant_prefix, len(prefix), tokenizer, assistant_tokenizer, eos, eos_token_ids(assistant_model))

@@ -22,8 +22,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers.modeling_outputs import BaseModelOutput
 
 from .fusing import fused_qkv
+
+# An assistant reads a Whisper clip's own frames plus this much, not the 30 s of padding around a short clip
+# (whisper.cpp's audio_ctx): an assistant with its own encoder runs it over them only (`clip_encoder_outputs`), and
+# the lean decoder's cross-attention attends to them only. The target decides every token, so this changes how often
+# drafts are accepted, never the transcript. `decoding.generate(assistant_audio_margin_s=None)` reads the whole window.
+AUDIO_MARGIN_S = 2.0
 
 
 def supports(model) -> bool:
@@ -122,3 +129,42 @@ class WhisperDecoderStep:
         weights = torch.matmul(q, layer.cross_keys_t).softmax(dim=-1)
         out = torch.matmul(weights, layer.cross_values)
         return layer.cross_out(out.transpose(1, 2).reshape(hidden.shape))
+
+
+# --- an assistant's view of the clip -----------------------------------------------------------------------------
+
+def clip_positions(inputs: dict, margin_s: float | None) -> int | None:
+    """How many of a Whisper encoder's output positions hold the clip plus `margin_s`: its mel frames (100 a second,
+    marked by the feature extractor's attention_mask) plus the margin, halved by the encoder's second convolution.
+    None for other inputs, or when `margin_s` is None."""
+    frames = inputs.get("attention_mask") if "input_features" in inputs else None
+    if frames is None or margin_s is None:
+        return None
+    length = min(inputs["input_features"].shape[-1], int(frames.sum()) + round(100 * margin_s))
+    return (length + length % 2) // 2
+
+
+def clip_encoder_outputs(model, features: torch.Tensor, frames: int, margin_s: float) -> BaseModelOutput:
+    """A Whisper encoder's output over the first `frames` mel frames (100 a second) plus `margin_s`, not the whole
+    30 s window: the positional embedding is sliced to match. The encoder's cost grows with its length, and a clip of
+    5 s pads to 30. Only an assistant may read its input so: the target decides every token, so the assistant's
+    encoder changes how often its drafts are accepted, never the transcript."""
+    encoder = model.get_encoder()
+    length = min(features.shape[-1], frames + round(100 * margin_s))
+    length += length % 2   # the second convolution halves it
+    hidden = F.gelu(encoder.conv1(features[..., :length].to(model.device, model.dtype)))
+    hidden = F.gelu(encoder.conv2(hidden)).permute(0, 2, 1)
+    hidden = hidden + encoder.embed_positions.weight[:hidden.shape[1]]
+    for layer in encoder.layers:
+        hidden = layer(hidden, None)
+    return BaseModelOutput(last_hidden_state=encoder.layer_norm(hidden))
+
+
+def assistant_encoder_outputs(assistant_model, inputs: dict, margin_s: float | None) -> BaseModelOutput | None:
+    """A Whisper assistant's own encoder output over the clip plus `margin_s` (`clip_encoder_outputs`); None where
+    the inputs do not say which frames are the clip's, or `margin_s` is None: the assistant's encoder then reads the
+    whole window."""
+    frames = inputs.get("attention_mask")
+    if "input_features" not in inputs or frames is None or margin_s is None:
+        return None
+    return clip_encoder_outputs(assistant_model, inputs["input_features"], int(frames.sum()), margin_s)

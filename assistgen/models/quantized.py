@@ -19,6 +19,7 @@ import json
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -88,6 +89,13 @@ class Int8Linear(nn.Module):
         qscale = torch.cat([w.q_per_channel_scales() for w, _ in parts]).double()
         bias = None if parts[0][1] is None else torch.cat([b for _, b in parts])
         return qweight, qscale, bias
+
+    def fused(self, others: Sequence["Int8Linear"]) -> "Int8Linear":
+        """This layer and `others` (reading the same input) as one, rows side by side: rebuilt from their stored int8
+        weights, each row keeping its scale (`engine.fusing.RowFusable`)."""
+        parts = [m.stored() for m in (self, *others)]
+        biases = [b if b is not None else torch.zeros(w.shape[0]) for w, _, b in parts]
+        return Int8Linear(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, blocks={len(self._blocks)}, "

@@ -62,8 +62,8 @@ def instrument(timers: Timers, pair) -> list:
         encoder = pair.assistant.model.get_encoder()
         restore.append((encoder, "forward", encoder.forward))
         timers.wrap(encoder, "forward", "assistant encoder")
-    restore.append((retokenizing, "clip_encoder_outputs", retokenizing.clip_encoder_outputs))
-    timers.wrap(retokenizing, "clip_encoder_outputs", "assistant encoder")   # the encoder over the clip's frames
+    restore.append((whisper_decoder, "clip_encoder_outputs", whisper_decoder.clip_encoder_outputs))
+    timers.wrap(whisper_decoder, "clip_encoder_outputs", "assistant encoder")   # the encoder over the clip's frames
     restore.append((whisper_decoder.WhisperDecoderStep, "__init__", whisper_decoder.WhisperDecoderStep.__init__))
     timers.wrap(whisper_decoder.WhisperDecoderStep, "__init__", "assistant setup")   # its cross-attention keys
     restore.append((retokenizing, "translate_prefix", retokenizing.translate_prefix))

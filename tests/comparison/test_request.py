@@ -98,7 +98,8 @@ def test_the_environment_sets_each_limit_and_only_where_given():
 def test_a_request_holds_the_environments_input_limit_and_its_inputs_keep_to_it(catalog, pool, monkeypatch):
     spec = catalog.pair("tiny-text")
     monkeypatch.setenv("ASSISTGEN_MAX_INPUT_TOKENS", "8")
-    request = build_request(spec, "chat", request_settings(spec), text="one two three four five")   # under 8 × 8 characters
+    # under 8 × 8 characters, so it is the tokenizer that finds it too long
+    request = build_request(spec, "chat", request_settings(spec), text="one two three four five")
     assert request.max_input_tokens == 8
     with pytest.raises(InputError, match=r"tokens; the limit is 8: shorten it"):
         request_inputs(request, pool.pair("tiny-text"))

@@ -8,7 +8,6 @@ from transformers import GenerationMixin
 
 import helpers as tm
 from assistgen import generate
-from assistgen.engine import kv
 from assistgen.engine.drafting import Draft
 
 FAMILIES = {
@@ -343,7 +342,7 @@ def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
 
 
 def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_shorter_over_a_clip():
-    from assistgen.engine.retokenizing import clip_encoder_outputs
+    from assistgen.engine.whisper_decoder import clip_encoder_outputs
     model = tm.whisper(2)
     features = tm.whisper_inputs(2)["input_features"]   # 32 frames: the tiny model's whole window
     with torch.inference_mode():
@@ -355,9 +354,8 @@ def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_s
 
 
 def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypatch):
-    from assistgen.engine import retokenizing
+    from assistgen.engine import whisper_decoder
     from helpers import whisper_tokenizer
-    monkeypatch.setattr(kv, "ASSISTANT_AUDIO_MARGIN_S", 0.02)
     tokenizer = whisper_tokenizer()
     target = tm.whisper(0)
     target.resize_token_embeddings(len(tokenizer))
@@ -369,12 +367,12 @@ def test_a_whisper_assistant_reading_only_the_clip_keeps_the_transcript(monkeypa
     inputs["decoder_input_ids"] = torch.tensor([tokenizer.convert_tokens_to_ids(
         ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])])
     seen = []
-    original = retokenizing.clip_encoder_outputs
-    monkeypatch.setattr(retokenizing, "clip_encoder_outputs",
+    original = whisper_decoder.clip_encoder_outputs
+    monkeypatch.setattr(whisper_decoder, "clip_encoder_outputs",
                         lambda *a, **k: seen.append(a[2]) or original(*a, **k))
     baseline = generate(target, inputs, max_new_tokens=20)
     assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
-                        max_new_tokens=20)
+                        max_new_tokens=20, assistant_audio_margin_s=0.02)
     assert seen == [12] and assisted.assistant_passes > 0
     assert assisted.new_tokens == baseline.new_tokens
 
