@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 
 from ..choices import DRAFT_SOURCES, MODE_LABELS
+from ..comparison.tasks import Detokenizer
 from ..models.machine import machine_text
 
 LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
@@ -281,7 +282,6 @@ class LiveView:
         self._cleared = self._started = False   # the panels cleared, the baseline's "…" shown: once each
 
     def _detokenizers(self, pair):
-        from ..comparison.tasks import Detokenizer
         if self._base is None:
             self._base, self._assisted = Detokenizer(pair.target.tokenizer), Detokenizer(pair.target.tokenizer)
         return self._base, self._assisted

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..engine.schedules import AdaptiveSchedule
+from ..models.cpu import onednn_enabled
 from ..models.loading import LoadedModel, LoadedPair
 from ..models.packs import cache_dir, file_lock
 from ..models.precision import encoder_dtype
@@ -65,7 +66,7 @@ def _facts(pair: LoadedPair) -> dict:
             facts["encoder_dtype"] = str(encoder)
         models.append(facts)
     gpu = torch.cuda.get_device_name(pair.target.model.device) if pair.target.model.device.type == "cuda" else None
-    return {"version": FORMAT_VERSION, "models": models, "onednn": os.environ.get("ASSISTGEN_ONEDNN", "1") != "0",
+    return {"version": FORMAT_VERSION, "models": models, "onednn": onednn_enabled(),
             "torch": torch.__version__, "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
             "gpu": gpu, "threads": torch.get_num_threads()}
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers.models.whisper.tokenization_whisper import LANGUAGES as WHISPER_LANGUAGES
 
+from ..engine.kv import CachedDecoder
 from ..models.loading import LoadedPair
 from .tasks import SAMPLE_RATE, InputError
 
@@ -25,7 +27,6 @@ QUIET_FRAME_S = 0.1      # ... measured over 100 ms, every 10 ms
 
 def spoken_language_choices() -> list[tuple[str, str]]:
     """(label, code) for the page's spoken-language menu: auto-detect, then Whisper's languages by name."""
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES as WHISPER_LANGUAGES
     return [("auto-detect", "auto")] + sorted(((f"{name.title()} ({code})", code)
                                                for code, name in WHISPER_LANGUAGES.items()), key=lambda c: c[0])
 
@@ -100,7 +101,6 @@ def languages(model) -> list[str]:
 def detect_language(pair: LoadedPair, samples: np.ndarray) -> tuple[str, float]:
     """(language code, its probability): the target's own choice of language token after <|startoftranscript|>,
     over the recording's first window, as Whisper does."""
-    from ..engine.kv import CachedDecoder
     model = pair.target.model
     if not multilingual(model):
         return "en", 1.0

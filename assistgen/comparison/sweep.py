@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -139,7 +140,6 @@ def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: 
     """Run every value `repeats` times (repeat by repeat) through `run_one(settings, pair_name)`, which runs one
     comparison and returns its `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant,
     each value is the name of a pair sharing the target; otherwise every run uses `pair_name`."""
-    import time
     clock = clock or time.perf_counter
     if not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
+
+import huggingface_hub
 
 from .catalog import Catalog, ModelSpec, PairSpec
 from .packs import PackError, package_dir
@@ -22,11 +26,7 @@ def hub_reachable() -> tuple[bool, str]:
     """Whether the Hugging Face hub can be reached (asked once per process, with a short timeout)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False, "the hub is switched off here (HF_HUB_OFFLINE=1)"
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-    host = urlparse(constants.ENDPOINT).hostname
+    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname
     try:
         socket.create_connection((host, 443), timeout=3).close()
         return True, "the hub is reachable"
@@ -35,8 +35,7 @@ def hub_reachable() -> tuple[bool, str]:
 
 
 def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    return isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def availability(spec: ModelSpec, catalog: Catalog) -> tuple[bool, str]:

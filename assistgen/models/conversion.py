@@ -4,15 +4,18 @@ oneDNN-packed linear layers), each stamped with the conversion it was made from.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from . import packed, quantized
 from .catalog import Catalog, ModelSpec
+from .cpu import onednn_enabled
+from .ct2 import ct2_to_hf
 from .devices import torch_dtype
-from .packs import assemble, cache_dir, file_lock
+from .gguf import gguf_to_hf, is_converted
+from .packs import _stamped_sha256, assemble, cache_dir, file_lock
 
 Progress = Callable[[float, str], None]
 CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
@@ -39,7 +42,6 @@ def _ct2_marker(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> dict:
 def _converted(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, files: dict[str, Path], out_dir: Path) -> bool:
     """Whether `out_dir` holds a finished conversion of these assembled files, by its marker."""
     if catalog.packs[spec.location].format == "gguf":
-        from .gguf import is_converted
         return is_converted(next(iter(files.values())), out_dir, dtype)
     try:
         return json.loads((out_dir / CONVERSION_MARKER).read_text()) == _ct2_marker(spec, catalog, dtype)
@@ -50,7 +52,6 @@ def _converted(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, files: dic
 def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
     """Whether a pack model is in the cache as it loads (assembled, verified, converted, and stored in int8 when it
     runs so), so that a load converts nothing. Reads markers and stamps only."""
-    from .packs import _stamped_sha256
     dtype = pack_dtype(spec, device)
     files, out_dir = _pack_paths(spec, catalog, dtype)
     for file in catalog.packs[spec.location].files:
@@ -78,11 +79,9 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
     if _converted(spec, catalog, dtype, files, out_dir):
         return out_dir, False
     if pack.format == "gguf":
-        from .gguf import gguf_to_hf
         (gguf_path,) = files.values()
         return gguf_to_hf(gguf_path, out_dir, dtype=dtype, progress=lambda f, m: progress(
             0.3 + 0.5 * f, f"{spec.name}: converting ({m})")), True
-    from .ct2 import ct2_to_hf
     with file_lock(out_dir.parent / f"{out_dir.name}.lock"):
         if _converted(spec, catalog, dtype, files, out_dir):  # another process finished it while we waited
             return out_dir, False
@@ -95,12 +94,11 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
 def packs_onednn(spec: ModelSpec, device: torch.device) -> bool:
     """Whether a model's linear layers are packed into oneDNN's layout at load (fp32 on the CPU, wholly in memory)."""
     return (device.type == "cpu" and spec.quantization == "none" and not spec.device_map
-            and torch_dtype(spec.dtype, device) == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
+            and torch_dtype(spec.dtype, device) == torch.float32 and onednn_enabled())
 
 
 def packed_stored(folder: Path) -> bool:
     """Whether the cache holds oneDNN-packed linear weights of this very float conversion, for this CPU and torch."""
-    from . import packed
     try:
         source = json.loads((folder / CONVERSION_MARKER).read_text())
     except (OSError, ValueError):
@@ -110,7 +108,6 @@ def packed_stored(folder: Path) -> bool:
 
 def store_packed(model, folder: Path) -> int:
     """Store a loaded model's packed linear weights next to its conversion (once; `prepare` does it)."""
-    from . import packed
     with file_lock(folder.parent / f"{folder.name}-onednn.lock"):
         if packed_stored(folder):
             return 0
@@ -125,7 +122,6 @@ def int8_folder(folder: Path, spec: ModelSpec) -> Path:
 
 def int8_stored(folder: Path, spec: ModelSpec) -> bool:
     """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion."""
-    from . import quantized
     try:
         source = json.loads((folder / CONVERSION_MARKER).read_text())
     except (OSError, ValueError):
@@ -136,7 +132,6 @@ def int8_stored(folder: Path, spec: ModelSpec) -> bool:
 def dynamic_int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
     """The model in torch's dynamic int8: from the cache's stored int8 tensors when they were made from this very
     float conversion; else quantized now and stored (a pack's conversion only: other sources quantize at each load)."""
-    from . import quantized
     marker = folder / CONVERSION_MARKER
     if spec.source != "pack" or not marker.is_file():
         return quantized.quantize(float_model())
@@ -155,7 +150,6 @@ def weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtyp
     if spec.source == "pack":
         return str(convert_pack(spec, catalog, pack_dtype(spec, device), progress)[0])
     if spec.source == "gguf":
-        from .gguf import gguf_to_hf
         path = Path(spec.location).expanduser()
         return str(gguf_to_hf(path, cache_dir() / "models" / f"{path.stem}-{str(dtype)[6:]}", dtype=dtype))
     return spec.location if spec.source == "hub" else str(Path(spec.location).expanduser())

@@ -70,6 +70,11 @@ class OneDNNLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def onednn_enabled() -> bool:
+    """Whether CPU fp32 models run oneDNN's linear layers: on unless ASSISTGEN_ONEDNN=0 (to compare with MKL's)."""
+    return os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"
+
+
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available()
 

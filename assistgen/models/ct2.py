@@ -18,6 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
+from tokenizers import AddedToken
+from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration,
+                          WhisperTokenizerFast)
 
 _SUPPORTED_VERSION = 6
 # CTranslate2 DataType codes; bfloat16 (5) is read as raw uint16 bits and widened to float32.
@@ -215,9 +219,6 @@ def _load_json(path: Path) -> Any:
 
 def _build_tokenizer(tokenizer_json: Path, vocab_size: int) -> tuple[Any, dict[str, int]]:
     """WhisperTokenizerFast from a tokenizers BPE file; timestamp tokens appended when the model has them."""
-    from tokenizers import AddedToken
-    from transformers import WhisperTokenizerFast
-
     spec = _load_json(tokenizer_json)
     try:
         model = spec["model"]
@@ -297,9 +298,6 @@ def ct2_to_hf(model_bin: str | os.PathLike, config_json: str | os.PathLike, toke
     Sizes (d_model, layers, ffn width, vocabulary, mel bins, positions) come from tensor shapes;
     the model counts as multilingual when its vocabulary has >= 51865 entries, as in OpenAI's code.
     """
-    from safetensors.torch import save_file
-    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
-                              WhisperForConditionalGeneration)
 
     model_bin, out_dir = Path(model_bin), Path(out_dir)
     sd, dims = _hf_state_dict(read_ct2(model_bin), model_bin)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import huggingface_hub
+
 from .availability import hub_reachable
 from .catalog import ModelSpec
 
@@ -23,8 +25,7 @@ def fetch_model(spec: ModelSpec) -> Path | None:
     reachable, why = hub_reachable()
     if not reachable:
         raise FetchError(f"cannot fetch {spec.location}: {why}")
-    from huggingface_hub import snapshot_download
     try:
-        return Path(snapshot_download(spec.location, allow_patterns=HUB_FILES))
+        return Path(huggingface_hub.snapshot_download(spec.location, allow_patterns=HUB_FILES))
     except Exception as exc:  # the network, a gated or missing repository: said as it is
         raise FetchError(f"cannot fetch {spec.location}: {str(exc).splitlines()[0]}") from None

@@ -19,9 +19,16 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 from gguf.quants import dequantize
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, TokenizersBackend
+from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
 
 from .packs import build_folder
+from .skeleton import check_filled, empty_model
 
 Progress = Callable[[float, str], None]
 Plan = list[tuple["TensorInfo", str, tuple[int, ...]]]
@@ -108,9 +115,6 @@ def read_header(path: Path) -> tuple[dict[str, Any], list[TensorInfo]]:
 
 def config_from_metadata(metadata: dict[str, Any], tensor_names: list[str]) -> Any:
     """transformers config for the GGUF, built as ``load_gguf_checkpoint`` builds it (supported archs)."""
-    from transformers import AutoConfig
-    from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
-
     arch = metadata["general.architecture"]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
@@ -128,9 +132,6 @@ def config_from_metadata(metadata: dict[str, Any], tensor_names: list[str]) -> A
 
 def _tokenizer(gguf_path: Path, model_type: str) -> Any:
     """The GGUF's tokenizer, built with the class AutoTokenizer would pick, without its slow config read."""
-    from transformers import TokenizersBackend
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
-
     name = TOKENIZER_MAPPING_NAMES.get(model_type)
     cls = (tokenizer_class_from_name(name) if name else None) or TokenizersBackend
     return cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -138,8 +139,6 @@ def _tokenizer(gguf_path: Path, model_type: str) -> Any:
 
 def _generation_config(config: Any, tokenizer: Any) -> Any:
     """Greedy defaults; every chat end token (e.g. Qwen's <|im_end|> and <|endoftext|>) stops."""
-    from transformers import GenerationConfig
-
     eos = [config.eos_token_id] if isinstance(config.eos_token_id, int) else list(config.eos_token_id or [])
     vocab = tokenizer.get_vocab()
     eos += [vocab[token] for token in EXTRA_EOS_TOKENS if token in vocab and vocab[token] not in eos]
@@ -157,8 +156,6 @@ def hf_names(model: torch.nn.Module, arch: str, processor: Any) -> dict[str, str
     That function rebuilds gguf's name table for every submodule (~15 s); the flat models
     supported here need it once.
     """
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
-
     gguf_arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
     table = get_tensor_name_map(gguf_arch, model.config.num_hidden_layers)
     names = {}
@@ -173,9 +170,6 @@ def hf_names(model: torch.nn.Module, arch: str, processor: Any) -> dict[str, str
 
 def _weight_plan(config: Any, arch: str, tensors: list[TensorInfo]) -> tuple[Any, Plan]:
     """Tensor processor and ``(gguf tensor, hf name, hf shape)`` for every tensor the model takes."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(model).__name__]
@@ -196,8 +190,6 @@ def _weight_plan(config: Any, arch: str, tensors: list[TensorInfo]) -> tuple[Any
 
 def _dequantized(fd: int, info: TensorInfo, processor: Any) -> Iterator[np.ndarray]:
     """Float32 values of one tensor in row order: chunks of rows, or the whole tensor if it is processed."""
-    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
-
     rows = int(np.prod(info.shape[:-1]))
     whole = type(processor) is not TensorProcessor
     step = rows if whole else max(1, CHUNK_ELEMENTS // info.shape[-1])
@@ -316,11 +308,6 @@ def load_cached(out_dir: Path, dtype: torch.dtype = torch.float32, *, tokenizer:
     The weights are views of a memory map: call ``assistgen.cpu.materialize`` (the loader does) to move them into
     process memory, where the page cache cannot evict them mid-generation.
     """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from .skeleton import check_filled, empty_model
-
     out_dir = Path(out_dir)
     state_dict: dict[str, torch.Tensor] = {}
     for file in sorted(out_dir.glob("*.safetensors")):

@@ -2,6 +2,7 @@
 folders), what a loaded model weighs, and how a pair runs."""
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -9,13 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq,
+                          AutoProcessor, AutoTokenizer)
+from transformers.utils import logging as hf_logging
 
-from . import precision
+from ..engine.encoders import module_tensors, same_tensors
+from . import packed, precision
 from .availability import note_failure
 from .catalog import Catalog, ModelSpec, PairSpec
 from .conversion import Progress, dynamic_int8_model, packed_stored, packs_onednn, weights_folder
+from .cpu import materialize, onednn_enabled, onednn_for_offloaded
 from .devices import default_device, torch_dtype
+from .gguf import load_cached
 from .packs import PackError, cache_dir
+from .quantized import Int8Linear
 from .sizing import checkpoint_files
 
 SIZE_RATIO_WARNING = 10.0
@@ -73,7 +82,6 @@ _tokenizers: dict[str, Any] = {}   # sha256 of a folder's tokenizer files -> the
 def _shared_tokenizer(folder: Path, auto) -> Any:
     """One tokenizer object for every folder whose tokenizer files are byte-identical (a target and its sibling
     assistant: loading the Qwen tokenizer costs about a second each time)."""
-    import hashlib
     digest = hashlib.sha256()
     files = sorted(p for p in folder.glob("*") if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))
                    or p.name == "added_tokens.json")
@@ -97,7 +105,6 @@ def _count(model) -> tuple[int, int]:
 def _linear_weight_size(module, dtype: torch.dtype) -> int | None:
     """Bytes a weight of a linear-like layer takes, whatever its layout (int8, oneDNN-packed or plain); None for a
     module that is not one."""
-    from .quantized import Int8Linear
     if not hasattr(module, "in_features") or not hasattr(module, "out_features"):
         return None
     if isinstance(module, Int8Linear):
@@ -152,7 +159,6 @@ def _bnb_config(quantization: str, device: torch.device):
 
 
 def _auto_class(spec: ModelSpec, config):
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     if spec.decoder_only:  # e.g. distil-Whisper's decoder as an assistant that reads the target's encoder
         return AutoModelForCausalLM
     if config.model_type == "whisper":
@@ -163,7 +169,6 @@ def _auto_class(spec: ModelSpec, config):
 def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dtype: torch.dtype,
                          progress: Progress) -> tuple[Any, Any, Any]:
     """(model in eval mode on `device`, tokenizer, processor or None) from `folder`."""
-    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
     config = AutoConfig.from_pretrained(folder)
     kwargs: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never unpickle weights
     if spec.quantization in ("int8", "4bit"):
@@ -181,11 +186,9 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
     def float_model():
         if (spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit")
                 and not spec.device_map):
-            from .gguf import load_cached
             return load_cached(Path(folder), dtype, tokenizer=False)[0]
         if not spec.decoder_only:
             return auto.from_pretrained(folder, **kwargs)
-        from transformers.utils import logging as hf_logging
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()   # the checkpoint's encoder is left unread on purpose: no report about it
         try:
@@ -217,7 +220,6 @@ def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
         return None
     if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
         return None
-    from . import packed
 
     def read(model) -> int:
         try:
@@ -236,7 +238,6 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     gigabytes, and a process that did one ran its timed passes at half speed afterwards (measured: 0.95 s against
     0.44 s per pass of the 1.5B), while one that loads the finished cache does not.
     """
-    from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # progress goes through `progress`, for gr.Progress and the CLI bar alike
     progress = progress or (lambda fraction, message: None)
     device = device or default_device()
@@ -250,9 +251,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         if refusal:
             raise LoadError(refusal)
         params, nbytes = _count(model)
-        onednn = dtype == torch.float32 and os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"
+        onednn = dtype == torch.float32 and onednn_enabled()
         if device.type == "cpu" and spec.quantization == "none":
-            from .cpu import materialize, onednn_for_offloaded
             if not offloaded(model):
                 materialize(model, onednn=onednn, packed=_packed_reader(spec, Path(folder), device))
             elif onednn:
@@ -299,9 +299,6 @@ def encoder_mismatch(target: LoadedModel, assistant: LoadedModel) -> str | None:
     """Where a decoder-only assistant's checkpoint holds an encoder (distil-Whisper's repositories hold their
     teacher's), how it differs from the target's, or None when it is the target's, weight for weight (compared in
     the target's dtype, one tensor at a time), or the checkpoint holds none."""
-    from safetensors import safe_open
-
-    from ..engine.encoders import module_tensors, same_tensors
     files = checkpoint_files(assistant.spec, assistant.folder) if assistant.folder else None
     if not files:
         return None

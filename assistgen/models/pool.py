@@ -1,6 +1,7 @@
 """Loaded models, shared between pairs and kept within a memory budget (least recently used goes first)."""
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections import OrderedDict
@@ -60,7 +61,6 @@ class ModelPool:
                     del self._models[name]
                     evicted = True
         if evicted:  # a full collection walks every live object: a third of a second with a pair loaded
-            import gc
             gc.collect()
 
     def model(self, spec: ModelSpec, progress: Progress | None = None, *, keep: set[str] = frozenset()) -> LoadedModel:

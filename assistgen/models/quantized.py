@@ -22,9 +22,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+from transformers import AutoConfig, GenerationConfig
 
 from .packs import build_folder
+from .skeleton import check_filled, empty_model
 
 FORMAT_VERSION = 2   # 1: one scale per weight (torch's quantize_dynamic); 2: a scale per output row
 MARKER = "assistgen-int8.json"
@@ -187,8 +191,6 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
 
     `source` identifies what it was quantized from (the float cache's own marker): a changed source is requantized.
     """
-    from safetensors.torch import save_file
-
     def write(tmp: Path) -> None:
         save_file(tensors_of(model), str(tmp / "model.safetensors"))
         model.config.save_pretrained(tmp)
@@ -199,10 +201,6 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
 
 def load(out_dir: Path, model_class) -> nn.Module:
     """The stored int8 model, its float layers built untouched and filled from the cache."""
-    from transformers import AutoConfig, GenerationConfig
-
-    from .skeleton import check_filled, empty_model
-
     out_dir = Path(out_dir)
     config = AutoConfig.from_pretrained(out_dir)
     model = empty_model(model_class, config, torch.float32)
@@ -217,7 +215,6 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file in its stored dtype, in process memory. safetensors hands out views of a
     memory map, which the page cache can evict mid-generation: each is copied, but for the int8 weights, which the
     packing copies anyway."""
-    from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
         return {name: f.get_tensor(name) if name.endswith(".qweight") else f.get_tensor(name).clone()
                 for name in f.keys()}

@@ -12,6 +12,7 @@ import math
 import struct
 from pathlib import Path
 
+import huggingface_hub
 import torch
 
 from .availability import hub_reachable
@@ -50,9 +51,8 @@ def _local_files(folder: Path) -> list[Path] | None:
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
-    from huggingface_hub import try_to_load_from_cache
     for name in ("model.safetensors.index.json", "model.safetensors"):
-        found = try_to_load_from_cache(repo_id, name)
+        found = huggingface_hub.try_to_load_from_cache(repo_id, name)
         if isinstance(found, str):
             return Path(found).parent
     return None
@@ -64,8 +64,7 @@ def _hub_parameters(repo_id: str, decoder_only: bool) -> int | None:
     if not hub_reachable()[0]:
         return None
     try:
-        from huggingface_hub import get_safetensors_metadata
-        meta = get_safetensors_metadata(repo_id)
+        meta = huggingface_hub.get_safetensors_metadata(repo_id)
     except Exception:  # no safetensors, a gated repository, the network: the size is simply unknown
         return None
     return sum(math.prod(info.shape) for f in meta.files_metadata.values() for name, info in f.tensors.items()

@@ -7,13 +7,13 @@ computed at construction and not stored) are built for real.
 from __future__ import annotations
 
 import torch
+from accelerate import init_empty_weights
 from torch import nn
+from transformers.initialization import no_init_weights
 
 
 def empty_model(model_class, config, dtype: torch.dtype) -> nn.Module:
     """`model_class` built from `config` with every parameter on the meta device, its buffers on the CPU."""
-    from accelerate import init_empty_weights
-    from transformers.initialization import no_init_weights
     with init_empty_weights(include_buffers=False), no_init_weights():
         return model_class._from_config(config, dtype=dtype)
 

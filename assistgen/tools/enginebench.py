@@ -12,8 +12,11 @@ import statistics
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from ..engine.decoding import generate, synchronized_clock
+from ..models.catalog import load_catalog
+from ..models.pool import ModelPool
 
 
 @dataclass
@@ -26,7 +29,6 @@ class Workload:
 
 
 def _random_qwen2(hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int, vocab: int, seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -53,8 +55,6 @@ def workloads(names: list[str]):
             yield Workload("medium ~500M + ~50M, random weights", target, assistant,
                            _random_prompts(151936 // 4, 2), None)
         elif name == "offline":
-            from ..models.catalog import load_catalog
-            from ..models.pool import ModelPool
             pair = ModelPool(load_catalog()).pair("qwen2.5-coder-1.5b+0.5b")
             prompts = [pair.target.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
@@ -81,7 +81,6 @@ def set_assistant_knobs(assistant, num_assistant_tokens: int, schedule: str, con
 
 
 def _transformers(workload: Workload, prompt: dict, assistant, max_new_tokens: int) -> tuple[list[int], float]:
-    from transformers import GenerationConfig
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, pad_token_id=0,
                               eos_token_id=workload.eos)
     kwargs = {}

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tokenizers import Tokenizer
+
 from ..comparison.compare import Settings, first_inputs
 from ..comparison.speech import window_language
 from ..models.catalog import Catalog, ModelSpec
@@ -181,7 +183,6 @@ class LlamaCppPeer:
 def ct2_vocabulary(tokenizer_json: Path) -> list[str]:
     """CTranslate2's vocabulary.txt for a Whisper model: the tokenizer's tokens in id order, then the 1,501 timestamp
     tokens <|0.00|> ... <|30.00|> (its converter's order; the pack carries tokenizer.json, not this file)."""
-    from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
     return tokens + [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
