@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
+import soxr
 
 from ..choices import limits_from_env
 from .tasks import SAMPLE_RATE, InputError
@@ -47,7 +49,6 @@ def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = No
     if not np.isfinite(mono).all() or float(np.abs(mono).max()) < SILENCE_PEAK:
         raise InputError("the clip is silent: check the microphone or pick another file")
     if rate != SAMPLE_RATE:
-        import soxr
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
     return np.ascontiguousarray(mono, dtype=np.float32)
 
@@ -70,7 +71,6 @@ def _decode(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
     """(samples × channels, float32; sample rate), at most `max_seconds` + 1 s of them: libsndfile for WAV, FLAC,
     MP3 and OGG (Vorbis, Opus); FFmpeg (PyAV) for what it cannot read, such as a phone's M4A (AAC), a browser's WebM
     recording or a video's sound track."""
-    import soundfile as sf
     try:
         info = sf.info(str(path))
     except Exception:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 DISAGREE = 0.20   # measured and predicted further apart than this (relative to the prediction) is said plainly
 
 
@@ -101,7 +103,6 @@ def break_even_figure(points: list[BreakEven], gamma: float | None = None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
     gamma = gamma if gamma is not None else (points[0].gamma if points else 5.0)
     fig, ax = plt.subplots(figsize=(4.2, 3.2), dpi=100)
     cs = np.linspace(0.0, 1.0, 101)
