@@ -2,10 +2,10 @@
 
 Gradio 6.31's page keeps its initial "Loading..." screen's status tracker alive after the screen is gone: its
 elapsed-time timer asks the browser for an animation frame at every frame, for as long as the page is open, and
-the loader's four springs keep stepping. Idle, the page asked for 94 frames a second and took 0.12 of a
-core in Chromium on this 2-core machine, where the browser shares the cores with the timed runs (the CLI pays
-nothing of it). A status tracker's timer (a frame callback that turns performance.now() into seconds) now ticks
-once a second instead: a timer on screen still moves, and the idle page asks for 32 frames a second, 0.06 of a core.
+the loader's four springs keep stepping. An idle page so asks for a frame at the display's rate and takes a share
+of a core, where the browser may share the cores with the timed runs (the CLI pays nothing of it). A status
+tracker's timer (a frame callback that turns performance.now() into seconds) now ticks once a second instead: a
+timer on screen still moves, and the idle page asks for about a third of the frames.
 The loader's springs are out of reach from outside Gradio.
 
 Gradio's own `head=` is added to the page by its scripts after they have taken `requestAnimationFrame`, too late to

@@ -34,11 +34,10 @@ def update_interval_s() -> float:
     """How often a running comparison's panels are updated (`ASSISTGEN_UPDATE_INTERVAL_S` sets it).
 
     Each update costs CPU time outside the timed runs' own work: Gradio's processing of the update in the server, and,
-    when the page is open on the same machine, the browser's (about 15 and 25 ms here, measured on two cores, see
-    docs/history.md). With a core to spare (more cores than torch's threads, or a GPU doing the work) that work takes nothing
-    from the runs, and the panels update every second. With none, torch's threads wait for the one the update stole,
-    and the page's runs measured about 3 % slower than the CLI's at one update a second: the panels then update
-    every two seconds."""
+    when the page is open on the same machine, the browser's. With a core to spare (more cores than torch's threads,
+    or a GPU doing the work) that work takes nothing from the runs, and the panels update every second. With none,
+    torch's threads wait for the one the update stole and the runs slow down, so the panels update every two
+    seconds."""
     if os.environ.get("ASSISTGEN_UPDATE_INTERVAL_S"):
         return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
     spare = default_device().type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()

@@ -325,13 +325,12 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
     kernels) hit neither timed run: assisted generation of 2 tokens, which runs the target's prompt pass, the
     assistant's drafting and a verification pass (a plain run for a pair without a usable assistant). The pair's
     speed probe is built first, once: it keeps an encoder output and a KV cache for good, and the timed runs' memory
-    has to fit around them, as the warm-up's then does (built after it, the first comparison's baseline faulted in
-    240 MB that the assisted run then reused: Whisper's encoder 1.2 s against 0.55 s, a speedup of 2.0× for 1.2×).
+    has to fit around them, as the warm-up's then does (built after it, the first comparison's baseline paid to fault
+    in memory that the assisted run then reused, and its speedup read too high).
 
     A decoder-only prompt is cut to `WARM_UP_TOKENS`: what warms up is the model, not this prompt. The loader has
-    already moved the weights into process memory, and then the first passes run at the speed of later ones
-    (measured on the default pair: a second run of the same warm-up took as long as the first), so a longer
-    warm-up bought nothing and cost the 1.5B 3.9 s per load."""
+    already moved the weights into process memory, and then the first passes run at the speed of later ones, so a
+    longer warm-up buys nothing and costs seconds per load."""
     assisted = pair.assistant is not None and pair.assistant_usable
     state = runtime(pair)
     if state.probe is None:

@@ -6,10 +6,9 @@ comparison times one fixed target pass (the prompt's next token, with the prompt
 decoding step) before the baseline, between the two runs and after the assisted run, and compares each run's own
 passes with the probes around it. When the machine's speed moved by more than `TOLERANCE`, the result says so.
 
-Measured on the 2-core development machine, back-to-back probes of the 1.5B target (each the fastest of 3 passes)
-moved by up to 19 % over half a minute with nothing else running, and the median of 3 by 29 %: one probe is a
-snapshot. A run's lower quartile over tens of passes is steadier, so the runs are judged against the band the probes
-around them span, and the probes among themselves only past `PROBE_SPREAD`.
+Back-to-back probes move by tens of per cent even on an idle machine (docs/history.md): one probe is a snapshot. A
+run's lower quartile over tens of passes is steadier, so the runs are judged against the band the probes around them
+span, and the probes among themselves only past `PROBE_SPREAD`.
 """
 from __future__ import annotations
 

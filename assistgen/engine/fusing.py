@@ -38,7 +38,7 @@ def fused_linear(linears: list[nn.Module]) -> nn.Module:
 
 
 # Each attention block's fused query/key/value product, made once per model: fusing int8 layers unpacks and repacks
-# them (45 ms for base's six layers, against about 5 ms for the rest of a step's setup)
+# them, which costs more than the rest of a step's setup
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
 
 

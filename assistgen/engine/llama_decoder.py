@@ -1,9 +1,8 @@
 """A Llama-style decoder (Llama, Qwen2: SmolLM2 and the Qwen2.5 assistants) for an assistant's drafts: the same
 arithmetic as transformers' modules, op for op, as a plain loop over the layers.
 
-Through `model(...)`, a one-token step of the int8 Qwen2.5-0.5B assistant took 35–46 ms, and this loop 29–44 ms with
-the same logits, bit for bit (rounds of 30 steps; docs/results.md); in assisted generation, 37 against
-43 ms of drafting per pass. The difference is transformers' cache object, masks and module calls. Here:
+A small assistant's one-token step through `model(...)` spends much of its time in transformers' cache object, masks
+and module calls rather than in its products; this loop gives the same logits, bit for bit, without them. Here:
 
 - the self-attention's query, key and value projections are one product (`fusing.fused_qkv`);
 - the keys and values live in one buffer per layer, grown by doubling (each feed says where it starts, so rejected

@@ -90,7 +90,7 @@ _translated: dict[tuple, tuple] = {}   # (tokenizers' ids, prefix, drop) -> (the
 def translate_prefix(prefix: list[int], target_tokenizer, assistant_tokenizer, *, drop: set[str] = frozenset()) -> list[int]:
     """A prompt or forced decoder prefix in the assistant's vocabulary: special tokens map by name (those in `drop`
     or unknown to the assistant are left out), text is decoded and re-encoded. Remembered: Whisper's forced prefix
-    is the same for every clip and window, and translating it cost 30 ms (the assistant's vocabulary, read whole)."""
+    is the same for every clip and window, and translating it reads the assistant's whole vocabulary."""
     key = (id(target_tokenizer), id(assistant_tokenizer), tuple(prefix), frozenset(drop))
     hit = _translated.get(key)
     if hit is not None and hit[0] is target_tokenizer and hit[1] is assistant_tokenizer:

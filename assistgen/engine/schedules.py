@@ -109,8 +109,8 @@ class Calibration:
 
 
 # Until a plain pass has been timed, the smallest verification measured is taken to cost this many plain passes,
-# and with one verification size measured, each further row this fraction of it: the figures of this project's CPU
-# (a 2-row pass about 1.2 plain passes, about 3 % more per row), replaced as soon as the real ones are measured.
+# and with one verification size measured, each further row this fraction of it: the figures of the CPU this was
+# developed on (docs/history.md), replaced as soon as the real ones are measured.
 FIRST_VERIFY_OVER_PLAIN = 1.2
 SLOPE_PER_ROW = 0.03
 

@@ -1,11 +1,9 @@
 """Whisper's decoder for an assistant's drafts: the same arithmetic as transformers' modules, without their per-step
 overhead.
 
-A draft pass of a small Whisper is overhead more than arithmetic. tiny.en's decoder step took 4.5–5.7 ms on an 11 s
-clip and 8.7 ms on a 30 s window through transformers' modules, while its 34 int8 matrix products take about 2 ms: the
-rest went to cache objects, masks built for every step, attention reshapes and output records. Here the step is a
-plain loop over the layers (tiny.en: 4.3 ms and 4.9–6.5 ms; base's own decoder in int8, the speech default's
-assistant: 6–9 ms against 16–25 ms for base's fp32 pass through transformers):
+A draft pass of a small Whisper is overhead more than arithmetic: through transformers' modules most of a decoder step
+goes to cache objects, masks built for every step, attention reshapes and output records, not to its int8 matrix
+products. Here the step is a plain loop over the layers:
 
 - the self-attention's query, key and value projections are one product (their rows side by side);
 - the cross-attention's keys and values are computed once per input, from the encoder's output;
@@ -124,8 +122,8 @@ class WhisperDecoderStep:
 
     def _cross_attention(self, layer: _Layer, hidden) -> torch.Tensor:
         q = _split_heads(layer.cross_q(layer.cross_norm(hidden)) * layer.scaling, self.heads)
-        # one query against every frame: two batched products (keys stored transposed) took 165 us a layer against
-        # SDPA's 250 over 1500 frames (tiny.en's 6 heads, 2 threads), whose kernel is built for many queries
+        # one query against every frame: two batched products (keys stored transposed) are faster than SDPA here,
+        # whose kernel is built for many queries
         weights = torch.matmul(q, layer.cross_keys_t).softmax(dim=-1)
         out = torch.matmul(weights, layer.cross_values)
         return layer.cross_out(out.transpose(1, 2).reshape(hidden.shape))

@@ -1,8 +1,8 @@
 """CPU speed-ups that keep the maths: oneDNN for the linear layers of fp32 models.
 
-On this kind of CPU, MKL's fp32 GEMM is slow for the few-row products that verification needs: scoring 6 tokens
-took ~4x one token through ``nn.Linear``, although both read the same weights once. oneDNN's linear, on a weight
-packed once in its blocked layout, stays close to memory bandwidth, so verifying a window of drafts becomes cheap.
+On this kind of CPU, MKL's fp32 GEMM is slow for the few-row products that verification needs: scoring a few tokens
+costs several times one token through ``nn.Linear``, although both read the same weights once. oneDNN's linear, on a
+weight packed once in its blocked layout, stays close to memory bandwidth, so verifying a window of drafts is cheap.
 """
 from __future__ import annotations
 
@@ -16,18 +16,15 @@ import torch
 from torch import nn
 
 # The weight is packed for products of this many rows, and serves every other count too. Packed for one row (what
-# ``Tensor.to_mkldnn`` gives), a product over 2 to 4 rows took 1.8x one row (8960 x 1536, as in the 1.5B's MLP);
-# packed for 4, it took the time of one row, and the one-row product no longer. docs/results.md, "verify(k)", has
-# the curves.
+# ``Tensor.to_mkldnn`` gives), a product over 2 to 4 rows costs nearly twice one row; packed for 4, about one row's
+# time, and the one-row product no more. docs/results.md, "verify(k)", has the curves.
 PACKED_FOR_ROWS = 4
 
 # Products of fewer rows than this are padded with zero rows to `PACKED_FOR_ROWS`. On the packed weight, oneDNN runs
-# a one-row product through another kernel than two rows or more, with other rounding, and slower: the 1.5B's 197
-# linear layers took 252 and 274 ms for one row, 278 and 333 ms for two, and padded to four 215 and 268, 213 and 273
-# (medians of 16 in two runs, `bench/scripts/linear_packing.py --model-rows`, `bench/results/row-padding`). Padded,
-# a row's result is the same, bit for bit, whether it is computed alone (the baseline's step) or among the rows of a
-# verification pass. Whisper base's smaller layers took the same time either way. From three rows on the product
-# ran about as fast as four.
+# a one-row product through another kernel than two rows or more, with other rounding, and slower
+# (`bench/scripts/linear_packing.py --model-rows`, `bench/results/row-padding`). Padded, a row's result is the same,
+# bit for bit, whether it is computed alone (the baseline's step) or among the rows of a verification pass, and no
+# slower. From three rows on the product runs about as fast as four.
 PAD_BELOW_ROWS = 3
 
 
@@ -168,9 +165,8 @@ def use_onednn_linears(model: nn.Module) -> int:
     return swapped
 
 
-# Below this many rows MKL's matrix-vector path is as fast as oneDNN's on weights it has not packed (one-row passes of
-# the offloaded 1.5B: 0.84 s against 0.95 s); from 3 rows on MKL's fp32 GEMM is slow and uneven (12 rows 2.0 s, 16
-# rows 1.4 s) where oneDNN's grows smoothly (12 rows 1.3 s, 32 rows 1.6 s).
+# Below this many rows MKL's matrix-vector path is as fast as oneDNN's on weights it has not packed; from 3 rows on
+# MKL's fp32 GEMM is slow and uneven where oneDNN's grows smoothly.
 DENSE_ONEDNN_FROM_ROWS = 3
 
 

@@ -235,8 +235,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
 
     A pack not yet in the cache is converted here, in this process. The app and the CLI load through
     `prepare.load_prepared` instead, which converts in a child process first: a conversion churns through
-    gigabytes, and a process that did one ran its timed passes at half speed afterwards (measured: 0.95 s against
-    0.44 s per pass of the 1.5B), while one that loads the finished cache does not.
+    gigabytes, and a process that did one ran its timed passes at about half speed afterwards, while one that loads
+    the finished cache does not.
     """
     hf_logging.disable_progress_bar()  # progress goes through `progress`, for gr.Progress and the CLI bar alike
     progress = progress or (lambda fraction, message: None)

@@ -1,7 +1,7 @@
 """oneDNN-packed linear weights kept in the cache, so that a load reads them instead of packing them again.
 
-Packing the 1.5B's 197 linear layers into oneDNN's blocked layout (`cpu.OneDNNLinear`) took 4.7-6.9 s of every load,
-CPU-bound on two cores, most of it in page faults. The packed bytes depend only on the weights, the layout asked for,
+Packing a model's linear layers into oneDNN's blocked layout (`cpu.OneDNNLinear`) takes seconds of every load,
+CPU-bound, most of it in page faults. The packed bytes depend only on the weights, the layout asked for,
 the CPU's instruction set and the torch build; `prepare` stores them once, next to the converted model, with those
 facts in a marker. A load whose facts match maps the file and wraps each layer's bytes as the same oneDNN tensor
 (`use_stored`); one whose facts differ packs as before. The same bytes, so the same outputs.
@@ -90,10 +90,10 @@ def use_stored(model: nn.Module, out_dir: Path) -> int:
     many. Call only after `is_stored`. A layer the store names must be a plain ``nn.Linear`` of the stored shape,
     else ValueError, before anything is swapped; one the model keeps in another dtype than float32 is left as it is.
 
-    The file is mapped read-only and private, every page populated at once from the page cache (0.2 s for the
-    1.5B's 6 GB, against 4 s to copy it and 5 s to pack it), and locked in memory where the system allows it, so
+    The file is mapped read-only and private, every page populated at once from the page cache (a small
+    fraction of the time a copy or a packing would take), and locked in memory where the system allows it, so
     that no pass waits for a page read back from disk; where it does not, the kernel may drop pages under memory
-    pressure and read them back (the speed probe reports a slowed run). Passes ran as fast as on packed copies."""
+    pressure and read them back (the speed probe reports a slowed run). Passes run as fast as on packed copies."""
     marker = _read_marker(out_dir)
     layers = marker["layers"]
     with open(Path(out_dir) / DATA, "rb") as f:

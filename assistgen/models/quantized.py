@@ -1,16 +1,14 @@
 """An assistant in int8 (fbgemm's dynamic int8 linear, CPU), quantized once and stored in the cache as safetensors.
 
 Each linear layer keeps its weight in int8 with a scale per output row, and quantizes its input to 8 bits at each call
-(`Int8Linear`). The first version quantized the whole weight with one scale, and the input to 7 bits (torch's
-`quantize_dynamic` defaults): the 0.5B's greedy tokens agreed with the 1.5B's on 46 % of translation positions, 60 %
-of chat and 78 % of summarization, against 76, 80 and 84 % in fp32. A scale per row and 8-bit inputs gave 67, 78 and
-82 % at the same speed (teacher-forced on the target's own greedy output, 5 prompts each:
-`bench/scripts/int8_agreement.py`; docs/results.md, "int8 agreement"). The input's eighth bit needs a CPU whose int8
+(`Int8Linear`): at the same speed, its greedy tokens agree with the target's far more often than with one scale per
+weight and 7-bit inputs (torch's `quantize_dynamic` defaults), and nearly as often as fp32's
+(`bench/scripts/int8_agreement.py`; docs/results.md, "int8 agreement"). The input's eighth bit needs a CPU whose int8
 products accumulate in 32 bits (VNNI): without it, fbgemm sums pairs of products in 16 bits, which the full range can
 overflow, so it keeps 7.
 
-Quantizing at every load cost 7-12 s for the 0.5B. The int8 weights, their scales and every other tensor are stored
-instead, as plain tensors (never a pickle), and a load rebuilds the layers from them: the packing alone remains.
+Quantizing takes seconds at every load, so the int8 weights, their scales and every other tensor are stored instead,
+as plain tensors (never a pickle), and a load rebuilds the layers from them: the packing alone remains.
 """
 from __future__ import annotations
 
@@ -34,12 +32,9 @@ FORMAT_VERSION = 2   # 1: one scale per weight (torch's quantize_dynamic); 2: a 
 MARKER = "assistgen-int8.json"
 _QUANTIZED = (".qweight", ".qscale")
 
-# fbgemm's packing grows faster than the size of the weight: the 0.5B's lm_head (151,936 x 896) took 4.5 s to pack
-# whole against 1.3 s in four parts, while every other layer of the model took 1.9 s together. Larger layers are
-# packed as row blocks of about equal size; each output is a dot product over the same input row, so the blocks give
-# the same numbers. Fewer blocks make a cheaper call: Whisper's 51,865-row head took 1.16 ms in one block against
-# 1.39 ms in two (cache cold, medians of 30), and the 0.5B's in three blocks 8.75 against 9.15 ms in five, packed in
-# 1.2-1.3 s against 1.0-1.2 s.
+# fbgemm's packing time grows faster than the size of the weight, so layers of more rows than this are packed as row
+# blocks of about equal size; each output is a dot product over the same input row, so the blocks give the same
+# numbers. Fewer blocks make a cheaper call, so the blocks are as large as packing allows.
 PACK_ROWS = 65536
 
 
