@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from assistgen.comparison.audio import load_audio
-from assistgen.app.validation import request_settings
+from assistgen.comparison.request import request_settings
 from assistgen.comparison.compare import Settings, run_generation, warm_up
 from assistgen.comparison.speech import asr_inputs
 from assistgen.engine import kv, retokenizing, whisper_decoder
