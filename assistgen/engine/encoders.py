@@ -65,10 +65,7 @@ def assistant_encoder_outputs(model, assistant_model, inputs: dict, target_outpu
     (`whisper_decoder.assistant_encoder_outputs`)."""
     if target_outputs is None or reads_target_encoder(model, assistant_model):
         return target_outputs
-    features = inputs.get("input_features")
-    if features is None:
+    if "input_features" not in inputs:
         return None
-    if assistant_model.config.num_mel_bins != features.shape[1]:
-        raise ValueError("the assistant expects other audio features than the target "
-                         f"({assistant_model.config.num_mel_bins} vs {features.shape[1]} mel bins)")
+    whisper_decoder.check_features(assistant_model, inputs)
     return whisper_decoder.assistant_encoder_outputs(assistant_model, inputs, audio_margin_s)

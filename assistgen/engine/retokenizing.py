@@ -129,17 +129,11 @@ def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, toke
                                audio_margin_s: float | None = whisper_decoder.AUDIO_MARGIN_S):
     """The assistant reads the same input in its own vocabulary; its own encoder runs once on the same features (a
     Whisper assistant's on the clip's frames plus `audio_margin_s` only, when the inputs say how many)."""
-    drop: set[str] = set()
     if model.config.is_encoder_decoder:
         if not assistant_model.config.is_encoder_decoder:
             raise ValueError("a different-tokenizer assistant for an encoder-decoder target must have its own encoder")
-        if "input_features" in inputs and assistant_model.config.num_mel_bins != inputs["input_features"].shape[1]:
-            raise ValueError("the assistant expects other audio features than the target "
-                             f"({assistant_model.config.num_mel_bins} vs {inputs['input_features'].shape[1]} mel bins)")
-        if not getattr(assistant_model.generation_config, "is_multilingual", True):
-            # An English-only Whisper has no language or task token in its forced prefix.
-            lang = getattr(model.generation_config, "lang_to_id", None) or {}
-            drop = set(lang) | {"<|transcribe|>", "<|translate|>"}
+        whisper_decoder.check_features(assistant_model, inputs)
+        drop = whisper_decoder.prefix_tokens_unknown_to(assistant_model, model)
         assistant_prefix = translate_prefix(prefix, tokenizer, assistant_tokenizer, drop=drop)
         assistant_inputs = {k: v for k, v in inputs.items() if k != "decoder_input_ids"}
         assistant_inputs["decoder_input_ids"] = torch.tensor([assistant_prefix])

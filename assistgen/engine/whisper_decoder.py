@@ -166,3 +166,20 @@ def assistant_encoder_outputs(assistant_model, inputs: dict, margin_s: float | N
     if "input_features" not in inputs or frames is None or margin_s is None:
         return None
     return clip_encoder_outputs(assistant_model, inputs["input_features"], int(frames.sum()), margin_s)
+
+
+def check_features(assistant_model, inputs: dict) -> None:
+    """ValueError when a Whisper assistant expects other log-mel features than the target's inputs hold."""
+    features = inputs.get("input_features")
+    if features is not None and assistant_model.config.num_mel_bins != features.shape[1]:
+        raise ValueError("the assistant expects other audio features than the target "
+                         f"({assistant_model.config.num_mel_bins} vs {features.shape[1]} mel bins)")
+
+
+def prefix_tokens_unknown_to(assistant_model, model) -> set[str]:
+    """The special tokens of the target's forced prefix that an English-only Whisper assistant has none of: the
+    language and task tokens (empty for any other assistant)."""
+    if getattr(assistant_model.generation_config, "is_multilingual", True):
+        return set()
+    languages = getattr(model.generation_config, "lang_to_id", None) or {}
+    return set(languages) | {"<|transcribe|>", "<|translate|>"}
