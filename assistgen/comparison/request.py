@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..choices import TASK_LABELS, TASKS, Limits, limits_from_env
+from ..choices import MAX_INPUT_TOKENS, TASK_LABELS, TASKS, Limits, limits_from_env
 from ..models.availability import pair_availability
 from ..models.catalog import Catalog, PairSpec
 from ..models.loading import LoadedPair
@@ -30,7 +30,7 @@ class Request:
     text: str | None = None                 # chat, translation, summarization
     target_language: str = "French"         # translation
     language: str | None = None             # speech: a language code, or None to let the target detect it
-    max_input_tokens: int = 0               # a text prompt's limit (`choices.Limits`)
+    max_input_tokens: int = MAX_INPUT_TOKENS   # a text prompt's limit (`choices.Limits`)
     # speech: the recording, decoded to 16 kHz mono, and the seconds that took
     samples: np.ndarray | None = field(default=None, compare=False, repr=False)
     decode_s: float | None = field(default=None, compare=False)
@@ -44,6 +44,20 @@ class ModelInputs:
     prep: dict | None           # speech: {"audio_decode_s", "features_s"}, shared by both runs
 
 
+def _check_task(spec: PairSpec, task: str) -> None:
+    if task not in spec.tasks:
+        raise InputError(f"pair {spec.name!r} does not do {TASK_LABELS.get(task, task).lower()} ({task}); it does "
+                         f"{', '.join(spec.tasks)}: pick another pair")
+
+
+def _checked(settings: Settings) -> Settings:
+    """`settings`, each value within the limits of `choices`."""
+    try:
+        return settings.validate()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
 def pair_for_task(catalog: Catalog, name: str, task: str) -> PairSpec:
     """The catalog's pair `name`, once the task is known, the pair does it and its weights are there."""
     if task not in TASKS:
@@ -52,9 +66,7 @@ def pair_for_task(catalog: Catalog, name: str, task: str) -> PairSpec:
         spec = catalog.pair(name)
     except KeyError as exc:
         raise InputError(exc.args[0]) from None
-    if task not in spec.tasks:
-        raise InputError(f"pair {name!r} does not do {TASK_LABELS[task].lower()} ({task}); it does "
-                         f"{', '.join(spec.tasks)}: pick another pair")
+    _check_task(spec, task)
     ok, why = pair_availability(spec, catalog)
     if not ok:
         raise InputError(f"pair {name!r} is unavailable: {why}. Pick another pair.")
@@ -89,10 +101,7 @@ def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, dr
                         draft_source=draft_source or spec.draft_source, num_assistant_tokens=window,
                         schedule=schedule or spec.schedule,
                         seed=int(number("seed", seed, int)), max_time_s=max_time_s)
-    try:
-        return settings.validate()
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
+    return _checked(settings)
 
 
 def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | None = None, audio=None,
@@ -101,10 +110,8 @@ def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | 
     """A request for `spec` (from `pair_for_task`), checked: the task is the pair's, speech has a recording that
     decodes within the limit (decoded here), a text task has text within the limit and a known target language."""
     limits = limits or limits_from_env()
-    if task not in spec.tasks:
-        raise InputError(f"pair {spec.name!r} does not do {TASK_LABELS.get(task, task).lower()} ({task}); it does "
-                         f"{', '.join(spec.tasks)}: pick another pair")
-    settings.validate()
+    _check_task(spec, task)
+    _checked(settings)
     if task == "asr":
         start = time.perf_counter()
         samples = load_audio(audio, max_seconds=limits.max_audio_s)
