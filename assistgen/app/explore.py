@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import threading
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
@@ -24,10 +25,13 @@ def default_values(catalog, over: str, task: str, pair_name: str | None) -> str:
 
 def explore(service, task: str, pair_name: str, *, over: str, values: str, repeats, max_new_tokens,
             text: str | None = None, audio: str | None = None, language: str | None = None,
-            target_language: str = "French") -> Iterator[Progress]:
+            target_language: str = "French", stop: threading.Event | None = None) -> Iterator[Progress]:
     """Check the request, then run the sweep (`comparison.sweep.run_sweep`), each run a `Service.run` comparison;
-    yield the progress after each. Settings that are not swept are the pair's own, at temperature 0. Closing the
-    generator stops the sweep after the comparison under way."""
+    yield the progress after each. Settings that are not swept are the pair's own, at temperature 0.
+
+    Setting `stop` (the page's Stop) stops the sweep at the model thread's next decoding step: the comparison under
+    way is dropped and the last progress, its `stopped` set, holds the finished ones. Closing the generator stops
+    the sweep after the comparison under way."""
     spec = check_request(service.catalog, task, pair_name)
     if over not in OVER:
         raise UserError(f"pick a setting to sweep: {', '.join(OVER)}")
@@ -50,14 +54,14 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
             check_request(service.catalog, task, name)
     base = service.settings(pair_name, max_new_tokens=max_new_tokens)
 
-    def run_one(settings, name: str) -> dict:
+    def run_one(settings, name: str, on_step) -> dict:
         return service.run(task, name, text=text, audio=audio, settings=settings, language=language,
-                           target_language=target_language).to_dict()
-    yield from run_sweep(over, parsed, repeats, base, spec.name, run_one)
+                           target_language=target_language, on_step=on_step).to_dict()
+    yield from run_sweep(over, parsed, repeats, base, spec.name, run_one, stop=stop)
 
 
-def progress_html(progress: Progress | None, total: int | None = None, stopped: bool = False) -> str:
-    """A progress bar with the runs done and the time left at the pace so far."""
+def progress_html(progress: Progress | None, total: int | None = None) -> str:
+    """A progress bar with the runs done and the time left at the pace so far; a stopped sweep says so."""
     if progress is None:
         return (f"<div id='explore-progress'><progress value='0' max='{total or 1}'></progress> starting: loading "
                 "and warming up the pair (once)…</div>")
@@ -65,8 +69,8 @@ def progress_html(progress: Progress | None, total: int | None = None, stopped: 
     left = progress.left_s
     text = (f"{progress.done} of {progress.total} runs" + ("" if done else
             f", about {left:.0f} s left" if left is not None else "") + f" ({progress.elapsed_s:.0f} s so far)")
-    if stopped:
-        text = f"stopped after {progress.done} of {progress.total} runs"
+    if progress.stopped:
+        text = progress.stop_message
     elif done:
         text = f"done: {text}"
     return (f"<div id='explore-progress'><progress value='{progress.done}' max='{progress.total}'></progress> "

@@ -4,12 +4,17 @@
 The runs go repeat by repeat, every value once per repeat, so a machine whose speed drifts touches every value
 alike. Each point's figures are medians over its repeats, with the speedup's range. The CLI (`python -m assistgen
 sweep`) and the page's Explore tab both run through `run_sweep`.
+
+A sweep stops at the next decoding step once its stop event is set (the page's Stop, Ctrl-C at the command line):
+the run under way is dropped, and the finished ones are kept.
 """
 from __future__ import annotations
 
 import csv
 import io
 import statistics
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -88,7 +93,7 @@ class Point:
         speedups = [r["speedup"] for r in runs]
         longest = max((len(a["per_position"]) for a in acc), default=0)
         readings = [r["break_even"] for r in runs if r.get("break_even")]
-        greedy = all(r["settings"]["temperature"] == 0 for r in runs)
+        greedy = bool(runs) and all(r["settings"]["temperature"] == 0 for r in runs)
         predicted = _median(b["predicted"] for b in readings)
         measured = _median(speedups)
         return {
@@ -118,49 +123,86 @@ class Point:
         return [BreakEven(**{k: v for k, v in r["break_even"].items()}) for r in self.runs if r.get("break_even")]
 
 
+class SweepStopped(Exception):
+    """Raised at a run's next decoding step once its sweep's stop event is set; `run_sweep` drops that run."""
+
+
 @dataclass
 class Progress:
-    """Where a sweep stands after one more run: `done` of `total` runs, every point so far, seconds spent."""
+    """Where a sweep stands after one more run: `done` of `total` runs (a point each: one value, one repeat), every
+    value's runs so far, seconds spent; `stopped` once the sweep was stopped before its end."""
     done: int
     total: int
     points: list[Point]
     elapsed_s: float
     last: tuple | None = None   # (value, repeat) of the run just finished
+    stopped: bool = False
 
     @property
     def left_s(self) -> float | None:
         """Seconds left, at the pace so far."""
         return self.elapsed_s / self.done * (self.total - self.done) if self.done else None
 
+    @property
+    def stop_message(self) -> str | None:
+        """What a stopped sweep says; None for one that ran (or still runs) to its end."""
+        if not self.stopped:
+            return None
+        return (f"Stopped by the user after {self.done} of {self.total} points; the point under way was dropped, "
+                "the finished ones are kept.")
 
-def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: str,
-              run_one: Callable[[Settings, str], dict], clock: Callable[[], float] | None = None
-              ) -> Iterator[Progress]:
-    """Run every value `repeats` times (repeat by repeat) through `run_one(settings, pair_name)`, which runs one
-    comparison and returns its `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant,
-    each value is the name of a pair sharing the target; otherwise every run uses `pair_name`."""
-    import time
-    clock = clock or time.perf_counter
+    def state(self) -> dict:
+        """How far the sweep got, for its JSON."""
+        return {"points_done": self.done, "points_planned": self.total, "stopped": self.stop_message}
+
+
+def sweep_plan(values: list, repeats: int) -> list[tuple[int, object]]:
+    """(repeat, value) in the order a sweep runs them: repeat by repeat, every value once per repeat, so a machine
+    whose speed drifts touches every value alike."""
     if not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
-    points = [Point(v) for v in values]
-    total, done, started = len(values) * repeats, 0, clock()
-    for repeat in range(repeats):
-        for point in points:
-            settings = point_settings(base, over, point.value, repeat)
-            result = run_one(settings, point.value if over == "assistant" else pair_name)
-            point.runs.append({k: v for k, v in result.items() if k != "windows"})
-            done += 1
-            yield Progress(done, total, points, clock() - started, (point.value, repeat))
+    return [(repeat, value) for repeat in range(repeats) for value in values]
+
+
+def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: str,
+              run_one: Callable[[Settings, str, Callable[[object], None]], dict],
+              clock: Callable[[], float] | None = None, stop: threading.Event | None = None
+              ) -> Iterator[Progress]:
+    """Run every value `repeats` times (`sweep_plan`) through `run_one(settings, pair_name, on_step)`, which runs one
+    comparison, calls `on_step(step)` after each decoding step of either run, and returns the comparison's
+    `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant, each value is the name of a
+    pair sharing the target; otherwise every run uses `pair_name`.
+
+    Once `stop` is set, no run starts and the one under way raises `SweepStopped` from its next `on_step`: it is
+    dropped, and a last progress with `stopped` set holds the runs that finished."""
+    clock = clock or time.perf_counter
+    plan = sweep_plan(values, repeats)
+    points = {v: Point(v) for v in values}
+    done, started = 0, clock()
+
+    def on_step(_step) -> None:
+        if stop is not None and stop.is_set():
+            raise SweepStopped()
+    for repeat, value in plan:
+        settings = point_settings(base, over, value, repeat)
+        try:
+            on_step(None)
+            result = run_one(settings, value if over == "assistant" else pair_name, on_step)
+        except SweepStopped:
+            yield Progress(done, len(plan), list(points.values()), clock() - started, stopped=True)
+            return
+        points[value].runs.append({k: v for k, v in result.items() if k != "windows"})
+        done += 1
+        yield Progress(done, len(plan), list(points.values()), clock() - started, (value, repeat))
 
 
 def sweep_json(over: str, points: list[Point], meta: dict) -> dict:
     """The sweep as one JSON object: what ran, each point's summary, and each run's figures (without the per-pass
-    trace, which `compare --json` gives)."""
+    trace, which `compare --json` gives). A value that has not run yet (a stopped sweep) has no point."""
     def lean(run: dict) -> dict:
         return {**run, "assisted": {k: v for k, v in run["assisted"].items() if k != "steps"}}
     return {**meta, "over": over, "values": [p.value for p in points],
-            "points": [{**p.summary(), "each_run": [lean(r) for r in p.runs]} for p in points]}
+            "points": [{**p.summary(), "each_run": [lean(r) for r in p.runs]} for p in points if p.runs]}
 
 
 CSV_COLUMNS = ["value", "runs", "speedup", "speedup_min", "speedup_max", "tokens_per_pass", "mean_acceptance_length",
@@ -169,11 +211,13 @@ CSV_COLUMNS = ["value", "runs", "speedup", "speedup_min", "speedup_max", "tokens
 
 
 def sweep_csv(over: str, points: list[Point]) -> str:
-    """One row per point; per-position acceptance as position:rate pairs."""
+    """One row per point that ran; per-position acceptance as position:rate pairs."""
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow([over] + CSV_COLUMNS[1:])
     for point in points:
+        if not point.runs:
+            continue
         s = point.summary()
         s["per_position"] = " ".join(f"{i + 1}:{v:.3f}" for i, v in enumerate(s["per_position"]))
         writer.writerow([s[c] if not isinstance(s[c], float) else round(s[c], 4) for c in CSV_COLUMNS])
