@@ -8,7 +8,7 @@ from typing import Iterator
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, parse_values, run_sweep,
-                                sweep_break_even_figure, sweep_figure)
+                                sweep_break_even_figure, sweep_figure, sweep_json)
 from .validation import UserError, check_request, number
 
 MAX_RUNS = 12                 # values × repeats, checked on the server
@@ -58,6 +58,42 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
         return service.run(task, name, text=text, audio=audio, settings=settings, language=language,
                            target_language=target_language, on_step=on_step).to_dict()
     yield from run_sweep(over, parsed, repeats, base, spec.name, run_one, stop=stop)
+
+
+class StopSwitches:
+    """The Stop of each open page's sweep (keyed by Gradio's session hash), kept on the server: Run arms a fresh
+    event for the page, Stop sets it, and the model thread stops at its next decoding step. (Gradio's own cancel of a running event can only
+    close its generator between two yields, and a sweep yields once a comparison has finished.)"""
+
+    def __init__(self):
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def arm(self, session: str) -> threading.Event:
+        """A new, unset event for the page's next sweep."""
+        with self._lock:
+            self._events[session] = event = threading.Event()
+        return event
+
+    def current(self, session: str) -> threading.Event:
+        """The page's armed event (one armed now if Run's first step was skipped)."""
+        with self._lock:
+            return self._events.setdefault(session, threading.Event())
+
+    def press(self, session: str) -> bool:
+        """Stop the page's sweep; False if it has none."""
+        with self._lock:
+            event = self._events.get(session)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    def release(self, session: str, event: threading.Event) -> None:
+        """Forget the page's event once its sweep is over (unless a newer one was armed meanwhile)."""
+        with self._lock:
+            if self._events.get(session) is event:
+                del self._events[session]
 
 
 def progress_html(progress: Progress | None, total: int | None = None) -> str:
@@ -121,9 +157,11 @@ def warnings_markdown(points: list[Point]) -> str:
     return "**Notes:**\n" + "\n".join(notes) if notes else ""
 
 
-def explore_outputs(over: str, progress: Progress, title: str) -> dict:
-    """The tab's outputs after one more run: progress, the sweep plot so far, the table, the break-even map."""
+def explore_outputs(over: str, progress: Progress, title: str, meta: dict | None = None) -> dict:
+    """The tab's outputs after one more run: progress, the sweep plot so far, the table, the break-even map, and
+    the sweep's JSON as the CLI writes it (`meta`: what ran), with how far it got."""
     return {"progress": progress_html(progress), "plot": sweep_figure(over, progress.points, title),
             "table": "\n\n".join([points_markdown(over, progress.points), disagreements(progress.points),
                                     warnings_markdown(progress.points)]),
-            "break_even": sweep_break_even_figure(progress.points)}
+            "break_even": sweep_break_even_figure(progress.points),
+            "json": sweep_json(over, progress.points, {**(meta or {}), **progress.state()})}

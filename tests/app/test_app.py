@@ -307,3 +307,50 @@ def test_every_control_has_a_hint_and_picking_a_pair_says_it_reset_the_settings(
     assert [b.label for b in controls if not b.info] == []
     picked = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "pair_changed"]
     assert picked and "Settings set to this pair's own defaults" in picked[0]("tiny-text")[-2]
+
+
+def test_stop_on_the_explore_tab_stops_the_model_thread_at_its_next_step_and_keeps_the_finished_points(
+        tiny_catalog_path, monkeypatch):
+    """The page's Stop sets the sweep's event on the server: the comparison under way on the model thread stops at
+    its next decoding step (not at the end of its point), is dropped, and the finished points stay on screen and in
+    the JSON, with the status saying how far the sweep got."""
+    import threading
+
+    import assistgen.app.service as service_module
+    from assistgen.app.explore import StopSwitches, explore, explore_outputs
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    switches = StopSwitches()
+    stop = switches.arm("session")
+    real_compare = service_module.compare
+    comparisons, after_stop, threads = [], [], set()
+
+    def spying(*args, on_baseline_step, on_assisted_step, **kwargs):
+        comparisons.append(0)
+
+        def watched(inner):
+            def step(s):
+                threads.add(threading.get_ident())
+                if stop.is_set():
+                    after_stop.append(s)
+                comparisons[-1] += 1
+                inner(s)
+                if len(comparisons) == 2 and comparisons[-1] == 2:
+                    assert switches.press("session")   # Stop, pressed during the second point
+            return step
+        return real_compare(*args, on_baseline_step=watched(on_baseline_step),
+                            on_assisted_step=watched(on_assisted_step), **kwargs)
+    monkeypatch.setattr(service_module, "compare", spying)
+    progresses = list(explore(service, "chat", "tiny-text", over="temperature", values="0, 1.0, 0.5", repeats=1,
+                              max_new_tokens=12, text="hello there", stop=switches.current("session")))
+    last = progresses[-1]
+    assert len(after_stop) <= 1 and comparisons[1] == 3 and comparisons[0] > 3 and len(comparisons) == 2
+    assert threads == {service.model_thread._thread.ident}   # the steps ran, and stopped, on the model thread
+    assert (last.stopped, last.done, last.total) == (True, 1, 3)
+    out = explore_outputs("temperature", last, "tiny-text", {"pair": "tiny-text"})
+    assert "Stopped by the user after 1 of 3 points" in out["progress"]
+    assert [p["value"] for p in out["json"]["points"]] == [0.0] and out["json"]["points_done"] == 1
+    assert out["table"].count("\n| 0.0 |") == 1 and "| 1.0 |" not in out["table"]
+    assert service.model_thread.call(lambda: "free") == "free"   # the model thread serves the next request
+    switches.release("session", stop)
+    assert not switches.press("session")
