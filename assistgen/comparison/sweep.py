@@ -79,6 +79,40 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+ACCEPTANCE_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "zero_accept_share", "alpha")
+
+
+def point_figures(runs: list[dict]) -> dict:
+    """The figures of one point from its runs: medians of speedup, tokens per target pass, latencies, the acceptance
+    figures (`comparison.acceptance`, per draft position too) and the cost ratio c, with the speedup's range.
+
+    Each run is a flat record: `speedup`, `tokens_per_pass`, `baseline_latency_s`, `latency_s` (the assisted
+    run's), `acceptance` (`Acceptance.to_dict()`), `cost_ratio`; a missing figure counts nowhere. The sweep reads
+    its comparisons so (`Point.summary`), and the benchmark its rows, grouped by temperature and configuration
+    (`tools.report.summarize`)."""
+    acc = [r.get("acceptance") or {} for r in runs]
+    speedups = [r["speedup"] for r in runs if r.get("speedup") is not None]
+    longest = max((len(a.get("per_position") or []) for a in acc), default=0)
+    return {
+        "speedup": _median(speedups), "speedup_min": min(speedups, default=None),
+        "speedup_max": max(speedups, default=None),
+        "tokens_per_pass": _median(r.get("tokens_per_pass") for r in runs),
+        "baseline_latency_s": _median(r.get("baseline_latency_s") for r in runs),
+        "latency_s": _median(r.get("latency_s") for r in runs),
+        **{key: _median(a.get(key) for a in acc) for key in ACCEPTANCE_KEYS},
+        "per_position": [_median(a["per_position"][i] for a in acc if len(a.get("per_position") or []) > i)
+                         for i in range(longest)],
+        "cost_ratio": _median(r.get("cost_ratio") for r in runs),
+    }
+
+
+def _flat(run: dict) -> dict:
+    """A comparison's figures (`Comparison.to_dict()`) as the flat record `point_figures` reads."""
+    return {"speedup": run["speedup"], "tokens_per_pass": run["assisted"]["tokens_per_pass"],
+            "baseline_latency_s": run["baseline"]["latency_s"], "latency_s": run["assisted"]["latency_s"],
+            "acceptance": run["assisted"]["acceptance"], "cost_ratio": run["cost_ratio"]}
+
+
 @dataclass
 class Point:
     """One value of the swept setting and its runs (each a `Comparison.to_dict()`)."""
@@ -89,24 +123,17 @@ class Point:
         """Medians over the repeats, the speedup's range, and at temperature 0 whether every repeat's assisted
         output was identical to its baseline."""
         runs = self.runs
-        acc = [r["assisted"]["acceptance"] for r in runs]
-        speedups = [r["speedup"] for r in runs]
-        longest = max((len(a["per_position"]) for a in acc), default=0)
+        figures = point_figures([_flat(r) for r in runs])
         readings = [r["break_even"] for r in runs if r.get("break_even")]
         greedy = bool(runs) and all(r["settings"]["temperature"] == 0 for r in runs)
         predicted = _median(b["predicted"] for b in readings)
-        measured = _median(speedups)
+        measured = figures["speedup"]
         return {
             "value": self.value, "runs": len(runs),
-            "speedup": measured, "speedup_min": min(speedups, default=None), "speedup_max": max(speedups, default=None),
-            "tokens_per_pass": _median(r["assisted"]["tokens_per_pass"] for r in runs),
-            "baseline_latency_s": _median(r["baseline"]["latency_s"] for r in runs),
-            "assisted_latency_s": _median(r["assisted"]["latency_s"] for r in runs),
-            **{key: _median(a[key] for a in acc) for key in ("mean_acceptance_length", "draft_acceptance_rate",
-                                                              "zero_accept_share", "alpha")},
-            "per_position": [_median(a["per_position"][i] for a in acc if len(a["per_position"]) > i)
-                             for i in range(longest)],
-            "cost_ratio": _median(r["cost_ratio"] for r in runs),
+            **{k: figures[k] for k in ("speedup", "speedup_min", "speedup_max", "tokens_per_pass",
+                                       "baseline_latency_s")},
+            "assisted_latency_s": figures["latency_s"],
+            **{k: figures[k] for k in (*ACCEPTANCE_KEYS, "per_position", "cost_ratio")},
             "gamma": _median(b["gamma"] for b in readings),
             "predicted_speedup": predicted,
             "prediction_disagrees": None if predicted is None or measured is None
@@ -158,9 +185,7 @@ class Progress:
 
 def sweep_plan(values: list, repeats: int) -> list[tuple[int, object]]:
     """(repeat, value) in the order a sweep runs them: repeat by repeat, every value once per repeat, so a machine
-    whose speed drifts touches every value alike."""
-    if not 1 <= repeats <= MAX_REPEATS:
-        raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
+    whose speed drifts touches every value alike. The benchmark runs its temperatures so too."""
     return [(repeat, value) for repeat in range(repeats) for value in values]
 
 
@@ -176,6 +201,8 @@ def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: 
     Once `stop` is set, no run starts and the one under way raises `SweepStopped` from its next `on_step`: it is
     dropped, and a last progress with `stopped` set holds the runs that finished."""
     clock = clock or time.perf_counter
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
     plan = sweep_plan(values, repeats)
     points = {v: Point(v) for v in values}
     done, started = 0, clock()
