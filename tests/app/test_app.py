@@ -58,6 +58,22 @@ def test_prompt_lookup_and_sampling_through_the_api(client):
     assert "sampling" in sampled["identical_note"]
 
 
+ACCEPTANCE_FIELDS = ("mean_acceptance_length", "draft_acceptance_rate", "per_position", "zero_accept_share")
+
+
+def test_the_api_json_carries_the_acceptance_figures(client):
+    """Mean acceptance length, draft acceptance rate, acceptance per draft position and the share of passes that
+    accepted nothing (`comparison.acceptance`), as `compare --json` gives them."""
+    result = compare(client, max_new_tokens=12)
+    acc = result["assisted"]["acceptance"]
+    assert set(ACCEPTANCE_FIELDS) <= set(acc)
+    assert acc["drafting_passes"] >= 1 and acc["mean_acceptance_length"] >= 1.0
+    assert 0 <= acc["draft_acceptance_rate"] <= 1 and 0 <= acc["zero_accept_share"] <= 1
+    assert acc["per_position"] and all(0 <= v <= 1 for v in acc["per_position"])
+    assert result["baseline"]["acceptance"]["drafting_passes"] == 0   # no drafts: every ratio None
+    assert result["baseline"]["acceptance"]["mean_acceptance_length"] is None
+
+
 def expect_error(client, needle, **kwargs):
     with pytest.raises(Exception) as info:
         compare(client, **kwargs)
@@ -350,6 +366,9 @@ def test_stop_on_the_explore_tab_stops_the_model_thread_at_its_next_step_and_kee
     out = explore_outputs("temperature", last, "tiny-text", {"pair": "tiny-text"})
     assert "Stopped by the user after 1 of 3 points" in out["progress"]
     assert [p["value"] for p in out["json"]["points"]] == [0.0] and out["json"]["points_done"] == 1
+    (point,) = out["json"]["points"]
+    assert all(point[key] is not None for key in ACCEPTANCE_FIELDS) and point["per_position"]
+    assert set(ACCEPTANCE_FIELDS) <= set(point["each_run"][0]["assisted"]["acceptance"])
     assert out["table"].count("\n| 0.0 |") == 1 and "| 1.0 |" not in out["table"]
     assert service.model_thread.call(lambda: "free") == "free"   # the model thread serves the next request
     switches.release("session", stop)

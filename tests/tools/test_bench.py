@@ -43,6 +43,13 @@ def test_bench_writes_results_tables_and_plots(tiny_catalog_path, tmp_path):
     summary = {(s["suite"], s["temperature"], s["config"]): s for s in results["summary"]}
     assert summary[("mine", 0.0, "heuristic")]["runs"] == 4
     assert summary[("mine", 0.0, "heuristic")]["identical_share"] == 1.0
+    acceptance_fields = ("mean_acceptance_length", "draft_acceptance_rate", "per_position", "zero_accept_share")
+    for run in ours:   # the acceptance figures, as compare --json and the sweep give them
+        assert set(acceptance_fields) <= set(run["acceptance"])
+    for s in results["summary"]:
+        assert set(acceptance_fields) <= set(s)
+        if s["config"] == "heuristic":
+            assert s["mean_acceptance_length"] >= 1.0 and s["per_position"], s
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| tiny-text | mine | 0 | heuristic | 4 |" in md and "transformers heuristic" in md
     assert "## Where the time goes" in md
