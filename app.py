@@ -19,6 +19,7 @@ from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
+from assistgen.app.streaming import IDLE_S, keep_closable  # noqa: E402
 from assistgen.app.validation import UserError  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
 from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
@@ -284,10 +285,16 @@ def _explore_tab(service: Service) -> None:
             title = f"{pair_name}, {TASK_LABELS.get(task_name, task_name)}"
             meta = {"pair": pair_name, "task": task_name, "repeats": repeat_count, "max_new_tokens": tokens}
             yield progress_html(None), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            for step in explore(service, task_name, pair_name, over=setting, values=value_text,
-                                repeats=repeat_count, max_new_tokens=tokens, text=content, audio=clip, stop=switch):
-                out = explore_outputs(setting, step, title, meta)
-                yield out["progress"], out["plot"], out["table"], out["break_even"], out["json"]
+            sweep = explore(service, task_name, pair_name, over=setting, values=value_text, repeats=repeat_count,
+                            max_new_tokens=tokens, text=content, audio=clip, stop=switch)
+            # nothing new for a second: a chance for Gradio to close the stream (the page gone), which stops the sweep
+            with contextlib.closing(keep_closable(sweep, IDLE_S, switch.set)) as steps:
+                for step in steps:
+                    if step is None:
+                        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                        continue
+                    out = explore_outputs(setting, step, title, meta)
+                    yield out["progress"], out["plot"], out["table"], out["break_even"], out["json"]
         except Exception as exc:
             raise _as_gradio_error(exc) from None
         finally:

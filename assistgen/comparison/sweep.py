@@ -210,17 +210,20 @@ def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: 
     def on_step(_step) -> None:
         if stop is not None and stop.is_set():
             raise SweepStopped()
+
+    def snapshot() -> list[Point]:   # each progress its own lists: a reader may render it while the sweep runs on
+        return [Point(p.value, list(p.runs)) for p in points.values()]
     for repeat, value in plan:
         settings = point_settings(base, over, value, repeat)
         try:
             on_step(None)
             result = run_one(settings, value if over == "assistant" else pair_name, on_step)
         except SweepStopped:
-            yield Progress(done, len(plan), list(points.values()), clock() - started, stopped=True)
+            yield Progress(done, len(plan), snapshot(), clock() - started, stopped=True)
             return
         points[value].runs.append({k: v for k, v in result.items() if k != "windows"})
         done += 1
-        yield Progress(done, len(plan), list(points.values()), clock() - started, (value, repeat))
+        yield Progress(done, len(plan), snapshot(), clock() - started, (value, repeat))
 
 
 def sweep_json(over: str, points: list[Point], meta: dict) -> dict:

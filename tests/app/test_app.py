@@ -373,3 +373,48 @@ def test_stop_on_the_explore_tab_stops_the_model_thread_at_its_next_step_and_kee
     assert service.model_thread.call(lambda: "free") == "free"   # the model thread serves the next request
     switches.release("session", stop)
     assert not switches.press("session")
+
+
+def test_an_explore_stream_closed_mid_point_stops_the_model_thread_at_its_next_step(tiny_catalog_path, monkeypatch):
+    """The page gone (Gradio closes the tab's stream at one of its idle yields): the sweep's stop is set, and the
+    comparison under way stops at its next decoding step instead of running to the end of its point."""
+    import threading
+
+    import assistgen.app.service as service_module
+    from assistgen.app.explore import explore
+    from assistgen.app.streaming import keep_closable
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    stop, waiting, closed = threading.Event(), threading.Event(), threading.Event()
+    real_compare = service_module.compare
+    comparisons, after_stop = [], []
+
+    def spying(*args, on_baseline_step, on_assisted_step, **kwargs):
+        comparisons.append(0)
+
+        def watched(inner):
+            def step(s):
+                if stop.is_set():
+                    after_stop.append(s)
+                comparisons[-1] += 1
+                inner(s)
+                if len(comparisons) == 2 and comparisons[-1] == 2:
+                    waiting.set()          # the second point is under way ...
+                    assert closed.wait(timeout=60)   # ... until the page goes away (not a timing: never reached)
+            return step
+        return real_compare(*args, on_baseline_step=watched(on_baseline_step),
+                            on_assisted_step=watched(on_assisted_step), **kwargs)
+    monkeypatch.setattr(service_module, "compare", spying)
+    steps = keep_closable(explore(service, "chat", "tiny-text", over="temperature", values="0, 1.0, 0.5", repeats=1,
+                                  max_new_tokens=12, text="hello there", stop=stop), 0.01, stop.set)
+    seen = []
+    for step in steps:
+        seen.append(step)
+        if step is None and waiting.is_set():
+            break                          # an idle yield while the second point runs: where Gradio closes it
+    steps.close()
+    assert stop.is_set()
+    closed.set()
+    service.model_thread.call(lambda: None)   # the model thread has finished with the sweep
+    assert [s.done for s in seen if s is not None] == [1]
+    assert len(comparisons) == 2 and comparisons[1] == 3 and len(after_stop) <= 1
