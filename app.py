@@ -304,9 +304,8 @@ def _explore_tab(service: Service) -> None:
         switches.arm(request.session_hash)
         return gr.Button(visible=True), gr.Button(interactive=False), None, "", None, None
 
-    # Stop sets this session's switch on the server, and the sweep stops at the model thread's next decoding step;
-    # the handler then shows the finished points and says it was stopped. (A Gradio cancel would only close the
-    # handler once the comparison under way had finished, and drop that last update.)
+    # Stop sets this page's switch on the server, and the sweep stops at the model thread's next decoding step; the
+    # handler then shows the finished points and says it was stopped (a Gradio cancel would drop that last update)
     switches = StopSwitches()
     running = run.click(start, outputs=[stop, run, plot, table, break_even, sweep_out], queue=False,
                         api_visibility="private", show_progress="hidden"

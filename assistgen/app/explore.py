@@ -62,8 +62,9 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
 
 class StopSwitches:
     """The Stop of each open page's sweep (keyed by Gradio's session hash), kept on the server: Run arms a fresh
-    event for the page, Stop sets it, and the model thread stops at its next decoding step. (Gradio's own cancel of a running event can only
-    close its generator between two yields, and a sweep yields once a comparison has finished.)"""
+    event for the page, Stop sets it, and the model thread stops at its next decoding step. The sweep then ends on
+    its own and its last update (the finished points, how far it got) reaches the page; a Gradio cancel would close
+    the tab's stream instead, and that update would be lost."""
 
     def __init__(self):
         self._events: dict[str, threading.Event] = {}

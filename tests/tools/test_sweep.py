@@ -152,9 +152,10 @@ def test_a_stop_takes_effect_at_the_next_decoding_step_inside_a_point(tiny_text)
 def test_ctrl_c_stops_the_sweep_cli_at_its_next_step_and_writes_the_finished_runs(tiny_catalog_path, tmp_path):
     import signal
     values = "0,0.2,0.4,0.6,0.8,1.0,1.2,1.4"   # 80 runs: far more than run before the signal lands
-    sweep = subprocess.Popen([sys.executable, "-m", "assistgen", "--catalog", str(tiny_catalog_path), "sweep", "--pair",
-                              "tiny-text", "--task", "chat", "--text", "hello there", "--over", "temperature", "--values",
-                              values, "--repeats", "10", "--max-new-tokens", "24", "--json", "--out", str(tmp_path)],
+    sweep = subprocess.Popen([sys.executable, "-m", "assistgen", "--catalog", str(tiny_catalog_path), "sweep",
+                              "--pair", "tiny-text", "--task", "chat", "--text", "hello there", "--over",
+                              "temperature", "--values", values, "--repeats", "10", "--max-new-tokens", "24", "--json",
+                              "--out", str(tmp_path)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
     for line in sweep.stderr:
