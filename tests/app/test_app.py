@@ -361,7 +361,7 @@ def test_stop_on_the_explore_tab_stops_the_model_thread_at_its_next_step_and_kee
                               max_new_tokens=12, text="hello there", stop=switches.current("session")))
     last = progresses[-1]
     assert len(after_stop) <= 1 and comparisons[1] == 3 and comparisons[0] > 3 and len(comparisons) == 2
-    assert threads == {service.model_thread._thread.ident}   # the steps ran, and stopped, on the model thread
+    assert threads == {service.model_thread.call(threading.get_ident)}   # the steps ran, and stopped, there
     assert (last.stopped, last.done, last.total) == (True, 1, 3)
     out = explore_outputs("temperature", last, "tiny-text", {"pair": "tiny-text"})
     assert "Stopped by the user after 1 of 3 points" in out["progress"]
