@@ -14,11 +14,12 @@ from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE, limits_from_env)
 from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
-from assistgen.app.explore import progress_html  # noqa: E402
+from assistgen.app.explore import StopSwitches, progress_html  # noqa: E402
 from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
+from assistgen.app.streaming import IDLE_S, keep_closable  # noqa: E402
 from assistgen.app.validation import USER_ERRORS  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
 from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
@@ -228,10 +229,6 @@ then assisted, with the same speed probes as above; settings that are not swept 
 the measured speedup, with the break-even map."""
 
 
-EXPLORE_STOPPED = ("<div id='explore-progress'><b>stopped</b>: the points above are what had finished; the comparison "
-                   "under way ends first, then <i>Run the sweep</i> is back.</div>")
-
-
 def _explore_tab(service: Service) -> None:
     """The Explore tab: a pair, an input, one setting over a few values, repeats; the plot grows run by run."""
     tasks = [(label, task) for task, label in TASK_LABELS.items()]
@@ -268,6 +265,8 @@ def _explore_tab(service: Service) -> None:
     table = gr.Markdown(elem_id="explore-table")
     break_even = gr.Plot(label="break-even map: α (acceptance per draft) against c (cost per pass)",
                          elem_id="explore-break-even")
+    with gr.Accordion("the sweep's JSON (as `python -m assistgen sweep --json` writes it)", open=False):
+        sweep_out = gr.JSON(elem_id="explore-json")
 
     def task_changed(name):
         options = service.pair_choices(name)
@@ -280,27 +279,46 @@ def _explore_tab(service: Service) -> None:
         trigger(lambda setting, name, pair_name: default_values(service.catalog, setting, name, pair_name),
                 inputs=[over, task, pair], outputs=values, api_visibility="private", queue=False)
 
-    def handler(task_name, pair_name, content, clip, setting, value_text, repeat_count, tokens):
+    def handler(task_name, pair_name, content, clip, setting, value_text, repeat_count, tokens, request: gr.Request):
+        switch = switches.current(request.session_hash)
         try:
             title = f"{pair_name}, {TASK_LABELS.get(task_name, task_name)}"
-            yield progress_html(None), gr.skip(), gr.skip(), gr.skip()
-            for step in explore(service, task_name, pair_name, over=setting, values=value_text,
-                                repeats=repeat_count, max_new_tokens=tokens, text=content, audio=clip):
-                out = explore_outputs(setting, step, title)
-                yield out["progress"], out["plot"], out["table"], out["break_even"]
+            meta = {"pair": pair_name, "task": task_name, "repeats": repeat_count, "max_new_tokens": tokens}
+            yield progress_html(None), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            sweep = explore(service, task_name, pair_name, over=setting, values=value_text, repeats=repeat_count,
+                            max_new_tokens=tokens, text=content, audio=clip, stop=switch)
+            # nothing new for a second: a chance for Gradio to close the stream (the page gone), which stops the sweep
+            with contextlib.closing(keep_closable(sweep, IDLE_S, switch.set)) as steps:
+                for step in steps:
+                    if step is None:
+                        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                        continue
+                    out = explore_outputs(setting, step, title, meta)
+                    yield out["progress"], out["plot"], out["table"], out["break_even"], out["json"]
         except Exception as exc:
             raise _as_gradio_error(exc) from None
+        finally:
+            switches.release(request.session_hash, switch)
 
-    running = run.click(lambda: (gr.Button(visible=True), gr.Button(interactive=False), None, "", None),
-                        outputs=[stop, run, plot, table, break_even], queue=False, api_visibility="private",
-                        show_progress="hidden"
+    def start(request: gr.Request):
+        switches.arm(request.session_hash)
+        return gr.Button(visible=True), gr.Button(interactive=False), None, "", None, None
+
+    # Stop sets this page's switch on the server, and the sweep stops at the model thread's next decoding step; the
+    # handler then shows the finished points and says it was stopped (a Gradio cancel would drop that last update)
+    switches = StopSwitches()
+    running = run.click(start, outputs=[stop, run, plot, table, break_even, sweep_out], queue=False,
+                        api_visibility="private", show_progress="hidden"
                         ).then(handler, inputs=[task, pair, text, audio, over, values, repeats, max_new_tokens],
-                               outputs=[progress, plot, table, break_even], concurrency_id="model",
+                               outputs=[progress, plot, table, break_even, sweep_out], concurrency_id="model",
                                concurrency_limit=1, api_visibility="private", show_progress="hidden")
     running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, run], queue=False,
                  api_visibility="private", show_progress="hidden")
-    stop.click(lambda: (gr.Button(visible=False), EXPLORE_STOPPED), outputs=[stop, progress], cancels=[running],
-               queue=False, api_visibility="private", show_progress="hidden")
+
+    def press_stop(request: gr.Request):
+        switches.press(request.session_hash)
+        return gr.Button(visible=False)
+    stop.click(press_stop, outputs=[stop], queue=False, api_visibility="private", show_progress="hidden")
 
 
 def build_demo(service: Service) -> gr.Blocks:

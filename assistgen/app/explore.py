@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import html
+import threading
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, parse_values, run_sweep,
-                                sweep_break_even_figure, sweep_figure)
+                                sweep_break_even_figure, sweep_figure, sweep_json)
 from ..comparison.request import number, pair_for_task
 from .validation import UserError
 
@@ -25,10 +26,13 @@ def default_values(catalog, over: str, task: str, pair_name: str | None) -> str:
 
 def explore(service, task: str, pair_name: str, *, over: str, values: str, repeats, max_new_tokens,
             text: str | None = None, audio: str | None = None, language: str | None = None,
-            target_language: str = "French") -> Iterator[Progress]:
+            target_language: str = "French", stop: threading.Event | None = None) -> Iterator[Progress]:
     """Check the request, then run the sweep (`comparison.sweep.run_sweep`), each run a `Service.run` comparison;
-    yield the progress after each. Settings that are not swept are the pair's own, at temperature 0. Closing the
-    generator stops the sweep after the comparison under way."""
+    yield the progress after each. Settings that are not swept are the pair's own, at temperature 0.
+
+    Setting `stop` (the page's Stop) stops the sweep at the model thread's next decoding step: the comparison under
+    way is dropped and the last progress, its `stopped` set, holds the finished ones. Closing the generator stops
+    the sweep after the comparison under way."""
     spec = pair_for_task(service.catalog, pair_name, task)
     if over not in OVER:
         raise UserError(f"pick a setting to sweep: {', '.join(OVER)}")
@@ -51,14 +55,51 @@ def explore(service, task: str, pair_name: str, *, over: str, values: str, repea
             pair_for_task(service.catalog, name, task)
     base = service.settings(pair_name, max_new_tokens=max_new_tokens)
 
-    def run_one(settings, name: str) -> dict:
+    def run_one(settings, name: str, on_step) -> dict:
         return service.run(task, name, text=text, audio=audio, settings=settings, language=language,
-                           target_language=target_language).to_dict()
-    yield from run_sweep(over, parsed, repeats, base, spec.name, run_one)
+                           target_language=target_language, on_step=on_step).to_dict()
+    yield from run_sweep(over, parsed, repeats, base, spec.name, run_one, stop=stop)
 
 
-def progress_html(progress: Progress | None, total: int | None = None, stopped: bool = False) -> str:
-    """A progress bar with the runs done and the time left at the pace so far."""
+class StopSwitches:
+    """The Stop of each open page's sweep (keyed by Gradio's session hash), kept on the server: Run arms a fresh
+    event for the page, Stop sets it, and the model thread stops at its next decoding step. The sweep then ends on
+    its own and its last update (the finished points, how far it got) reaches the page; a Gradio cancel would close
+    the tab's stream instead, and that update would be lost."""
+
+    def __init__(self):
+        self._events: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def arm(self, session: str) -> threading.Event:
+        """A new, unset event for the page's next sweep."""
+        with self._lock:
+            self._events[session] = event = threading.Event()
+        return event
+
+    def current(self, session: str) -> threading.Event:
+        """The page's armed event (one armed now if Run's first step was skipped)."""
+        with self._lock:
+            return self._events.setdefault(session, threading.Event())
+
+    def press(self, session: str) -> bool:
+        """Stop the page's sweep; False if it has none."""
+        with self._lock:
+            event = self._events.get(session)
+        if event is None:
+            return False
+        event.set()
+        return True
+
+    def release(self, session: str, event: threading.Event) -> None:
+        """Forget the page's event once its sweep is over (unless a newer one was armed meanwhile)."""
+        with self._lock:
+            if self._events.get(session) is event:
+                del self._events[session]
+
+
+def progress_html(progress: Progress | None, total: int | None = None) -> str:
+    """A progress bar with the runs done and the time left at the pace so far; a stopped sweep says so."""
     if progress is None:
         return (f"<div id='explore-progress'><progress value='0' max='{total or 1}'></progress> starting: loading "
                 "and warming up the pair (once)…</div>")
@@ -66,8 +107,8 @@ def progress_html(progress: Progress | None, total: int | None = None, stopped: 
     left = progress.left_s
     text = (f"{progress.done} of {progress.total} runs" + ("" if done else
             f", about {left:.0f} s left" if left is not None else "") + f" ({progress.elapsed_s:.0f} s so far)")
-    if stopped:
-        text = f"stopped after {progress.done} of {progress.total} runs"
+    if progress.stopped:
+        text = progress.stop_message
     elif done:
         text = f"done: {text}"
     return (f"<div id='explore-progress'><progress value='{progress.done}' max='{progress.total}'></progress> "
@@ -118,9 +159,11 @@ def warnings_markdown(points: list[Point]) -> str:
     return "**Notes:**\n" + "\n".join(notes) if notes else ""
 
 
-def explore_outputs(over: str, progress: Progress, title: str) -> dict:
-    """The tab's outputs after one more run: progress, the sweep plot so far, the table, the break-even map."""
+def explore_outputs(over: str, progress: Progress, title: str, meta: dict | None = None) -> dict:
+    """The tab's outputs after one more run: progress, the sweep plot so far, the table, the break-even map, and
+    the sweep's JSON as the CLI writes it (`meta`: what ran), with how far it got."""
     return {"progress": progress_html(progress), "plot": sweep_figure(over, progress.points, title),
             "table": "\n\n".join([points_markdown(over, progress.points), disagreements(progress.points),
                                     warnings_markdown(progress.points)]),
-            "break_even": sweep_break_even_figure(progress.points)}
+            "break_even": sweep_break_even_figure(progress.points),
+            "json": sweep_json(over, progress.points, {**(meta or {}), **progress.state()})}

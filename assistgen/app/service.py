@@ -6,7 +6,7 @@ Gradio-free, so tests drive it directly; app.py only lays out components and tur
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -130,12 +130,13 @@ class Service:
 
     def stream(self, task: str, pair_name: str, *, text: str | None = None, audio: str | None = None,
                target_language: str = "French", language: str | None = None,
-               settings: Settings) -> Iterator[Snapshot]:
+               settings: Settings, on_step: Callable[[object], None] | None = None) -> Iterator[Snapshot]:
         """Validate (`request.build_request`), load (with progress), run baseline then assisted; yield snapshots as
         steps arrive. An InputError or UserError says what the user can change.
 
         Speech: `language` is a code the target knows, or None / "auto" to let the target detect it; a recording
-        longer than 30 s runs window by window."""
+        longer than 30 s runs window by window. `on_step(step)` is called on the model thread after each decoding
+        step of either run; what it raises ends the comparison and is raised here (a sweep's stop)."""
         request = build_request(pair_for_task(self.catalog, pair_name, task), task, settings, text=text, audio=audio,
                                 target_language=target_language, language=language, limits=self.limits)
 
@@ -144,9 +145,15 @@ class Service:
                 pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
                 prepared = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
                 emit("pair", pair)
+
+                def step_of(run: str) -> Callable[[object], None]:
+                    def on_run_step(step) -> None:
+                        if on_step is not None:
+                            on_step(step)
+                        emit(run, step)
+                    return on_run_step
                 return compare(pair, task, prepared.inputs, settings,
-                               on_baseline_step=lambda step: emit("baseline", step),
-                               on_assisted_step=lambda step: emit("assisted", step),
+                               on_baseline_step=step_of("baseline"), on_assisted_step=step_of("assisted"),
                                on_phase=lambda name: emit("phase", name),
                                on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
                                language=prepared.language, prep=prepared.prep)

@@ -178,3 +178,39 @@ def stream(work: Callable[[Callable[[str, object], None]], Comparison], update_i
     finally:
         if not finished.is_set():   # closed early: nobody will read what the work does next
             stopped.set()
+
+
+def keep_closable(items: Iterator[T], idle_s: float, on_close: Callable[[], None]) -> Iterator[T | None]:
+    """Iterate `items` on a helper thread and yield each as it comes, and None after `idle_s` without one: a
+    stream can only be closed while it waits at a yield, and an item may take minutes (a sweep's comparison).
+    Closed before `items` ended (the page or client gone), it calls `on_close()` (a sweep's stop, which ends the
+    work at its next step) and leaves the helper thread to wind down. An exception from `items` is raised here."""
+    out: queue.Queue = queue.Queue()
+    end = object()
+
+    def pump() -> None:
+        try:
+            for item in items:
+                out.put((True, item))
+            out.put((True, end))
+        except BaseException as exc:  # raised again in the caller's thread
+            out.put((False, exc))
+    threading.Thread(target=pump, daemon=True, name="assistgen-keep-closable").start()
+    ended = False
+    try:
+        while True:
+            try:
+                ok, item = out.get(timeout=idle_s)
+            except queue.Empty:
+                yield None
+                continue
+            if not ok:
+                ended = True
+                raise item
+            if item is end:
+                ended = True
+                return
+            yield item
+    finally:
+        if not ended:
+            on_close()

@@ -4,12 +4,16 @@
 The runs go repeat by repeat, every value once per repeat, so a machine whose speed drifts touches every value
 alike. Each point's figures are medians over its repeats, with the speedup's range. The CLI (`python -m assistgen
 sweep`) and the page's Explore tab both run through `run_sweep`.
+
+A sweep stops at the next decoding step once its stop event is set (the page's Stop, Ctrl-C at the command line):
+the run under way is dropped, and the finished ones are kept.
 """
 from __future__ import annotations
 
 import csv
 import io
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
@@ -75,6 +79,40 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+ACCEPTANCE_KEYS = ("mean_acceptance_length", "draft_acceptance_rate", "zero_accept_share", "alpha")
+
+
+def point_figures(runs: list[dict]) -> dict:
+    """The figures of one point from its runs: medians of speedup, tokens per target pass, latencies, the acceptance
+    figures (`comparison.acceptance`, per draft position too) and the cost ratio c, with the speedup's range.
+
+    Each run is a flat record: `speedup`, `tokens_per_pass`, `baseline_latency_s`, `latency_s` (the assisted
+    run's), `acceptance` (`Acceptance.to_dict()`), `cost_ratio`; a missing figure counts nowhere. The sweep reads
+    its comparisons so (`Point.summary`), and the benchmark its rows, grouped by temperature and configuration
+    (`tools.report.summarize`)."""
+    acc = [r.get("acceptance") or {} for r in runs]
+    speedups = [r["speedup"] for r in runs if r.get("speedup") is not None]
+    longest = max((len(a.get("per_position") or []) for a in acc), default=0)
+    return {
+        "speedup": _median(speedups), "speedup_min": min(speedups, default=None),
+        "speedup_max": max(speedups, default=None),
+        "tokens_per_pass": _median(r.get("tokens_per_pass") for r in runs),
+        "baseline_latency_s": _median(r.get("baseline_latency_s") for r in runs),
+        "latency_s": _median(r.get("latency_s") for r in runs),
+        **{key: _median(a.get(key) for a in acc) for key in ACCEPTANCE_KEYS},
+        "per_position": [_median(a["per_position"][i] for a in acc if len(a.get("per_position") or []) > i)
+                         for i in range(longest)],
+        "cost_ratio": _median(r.get("cost_ratio") for r in runs),
+    }
+
+
+def _flat(run: dict) -> dict:
+    """A comparison's figures (`Comparison.to_dict()`) as the flat record `point_figures` reads."""
+    return {"speedup": run["speedup"], "tokens_per_pass": run["assisted"]["tokens_per_pass"],
+            "baseline_latency_s": run["baseline"]["latency_s"], "latency_s": run["assisted"]["latency_s"],
+            "acceptance": run["assisted"]["acceptance"], "cost_ratio": run["cost_ratio"]}
+
+
 @dataclass
 class Point:
     """One value of the swept setting and its runs (each a `Comparison.to_dict()`)."""
@@ -85,24 +123,17 @@ class Point:
         """Medians over the repeats, the speedup's range, and at temperature 0 whether every repeat's assisted
         output was identical to its baseline."""
         runs = self.runs
-        acc = [r["assisted"]["acceptance"] for r in runs]
-        speedups = [r["speedup"] for r in runs]
-        longest = max((len(a["per_position"]) for a in acc), default=0)
+        figures = point_figures([_flat(r) for r in runs])
         readings = [r["break_even"] for r in runs if r.get("break_even")]
-        greedy = all(r["settings"]["temperature"] == 0 for r in runs)
+        greedy = bool(runs) and all(r["settings"]["temperature"] == 0 for r in runs)
         predicted = _median(b["predicted"] for b in readings)
-        measured = _median(speedups)
+        measured = figures["speedup"]
         return {
             "value": self.value, "runs": len(runs),
-            "speedup": measured, "speedup_min": min(speedups, default=None), "speedup_max": max(speedups, default=None),
-            "tokens_per_pass": _median(r["assisted"]["tokens_per_pass"] for r in runs),
-            "baseline_latency_s": _median(r["baseline"]["latency_s"] for r in runs),
-            "assisted_latency_s": _median(r["assisted"]["latency_s"] for r in runs),
-            **{key: _median(a[key] for a in acc) for key in ("mean_acceptance_length", "draft_acceptance_rate",
-                                                              "zero_accept_share", "alpha")},
-            "per_position": [_median(a["per_position"][i] for a in acc if len(a["per_position"]) > i)
-                             for i in range(longest)],
-            "cost_ratio": _median(r["cost_ratio"] for r in runs),
+            **{k: figures[k] for k in ("speedup", "speedup_min", "speedup_max", "tokens_per_pass",
+                                       "baseline_latency_s")},
+            "assisted_latency_s": figures["latency_s"],
+            **{k: figures[k] for k in (*ACCEPTANCE_KEYS, "per_position", "cost_ratio")},
             "gamma": _median(b["gamma"] for b in readings),
             "predicted_speedup": predicted,
             "prediction_disagrees": None if predicted is None or measured is None
@@ -119,48 +150,89 @@ class Point:
         return [BreakEven(**{k: v for k, v in r["break_even"].items()}) for r in self.runs if r.get("break_even")]
 
 
+class SweepStopped(Exception):
+    """Raised at a run's next decoding step once its sweep's stop event is set; `run_sweep` drops that run."""
+
+
 @dataclass
 class Progress:
-    """Where a sweep stands after one more run: `done` of `total` runs, every point so far, seconds spent."""
+    """Where a sweep stands after one more run: `done` of `total` runs (a point each: one value, one repeat), every
+    value's runs so far, seconds spent; `stopped` once the sweep was stopped before its end."""
     done: int
     total: int
     points: list[Point]
     elapsed_s: float
     last: tuple | None = None   # (value, repeat) of the run just finished
+    stopped: bool = False
 
     @property
     def left_s(self) -> float | None:
         """Seconds left, at the pace so far."""
         return self.elapsed_s / self.done * (self.total - self.done) if self.done else None
 
+    @property
+    def stop_message(self) -> str | None:
+        """What a stopped sweep says; None for one that ran (or still runs) to its end."""
+        if not self.stopped:
+            return None
+        return (f"Stopped by the user after {self.done} of {self.total} points; the point under way was dropped, "
+                "the finished ones are kept.")
+
+    def state(self) -> dict:
+        """How far the sweep got, for its JSON."""
+        return {"points_done": self.done, "points_planned": self.total, "stopped": self.stop_message}
+
+
+def sweep_plan(values: list, repeats: int) -> list[tuple[int, object]]:
+    """(repeat, value) in the order a sweep runs them: repeat by repeat, every value once per repeat, so a machine
+    whose speed drifts touches every value alike. The benchmark runs its temperatures so too."""
+    return [(repeat, value) for repeat in range(repeats) for value in values]
+
 
 def run_sweep(over: str, values: list, repeats: int, base: Settings, pair_name: str,
-              run_one: Callable[[Settings, str], dict], clock: Callable[[], float] | None = None
+              run_one: Callable[[Settings, str, Callable[[object], None]], dict],
+              clock: Callable[[], float] | None = None, stop: threading.Event | None = None
               ) -> Iterator[Progress]:
-    """Run every value `repeats` times (repeat by repeat) through `run_one(settings, pair_name)`, which runs one
-    comparison and returns its `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant,
-    each value is the name of a pair sharing the target; otherwise every run uses `pair_name`."""
+    """Run every value `repeats` times (`sweep_plan`) through `run_one(settings, pair_name, on_step)`, which runs one
+    comparison, calls `on_step(step)` after each decoding step of either run, and returns the comparison's
+    `Comparison.to_dict()`; yield the progress after each run. Sweeping the assistant, each value is the name of a
+    pair sharing the target; otherwise every run uses `pair_name`.
+
+    Once `stop` is set, no run starts and the one under way raises `SweepStopped` from its next `on_step`: it is
+    dropped, and a last progress with `stopped` set holds the runs that finished."""
     clock = clock or time.perf_counter
     if not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
-    points = [Point(v) for v in values]
-    total, done, started = len(values) * repeats, 0, clock()
-    for repeat in range(repeats):
-        for point in points:
-            settings = point_settings(base, over, point.value, repeat)
-            result = run_one(settings, point.value if over == "assistant" else pair_name)
-            point.runs.append({k: v for k, v in result.items() if k != "windows"})
-            done += 1
-            yield Progress(done, total, points, clock() - started, (point.value, repeat))
+    plan = sweep_plan(values, repeats)
+    points = {v: Point(v) for v in values}
+    done, started = 0, clock()
+
+    def on_step(_step) -> None:
+        if stop is not None and stop.is_set():
+            raise SweepStopped()
+
+    def snapshot() -> list[Point]:   # each progress its own lists: a reader may render it while the sweep runs on
+        return [Point(p.value, list(p.runs)) for p in points.values()]
+    for repeat, value in plan:
+        settings = point_settings(base, over, value, repeat)
+        try:
+            on_step(None)
+            result = run_one(settings, value if over == "assistant" else pair_name, on_step)
+        except SweepStopped:
+            yield Progress(done, len(plan), snapshot(), clock() - started, stopped=True)
+            return
+        points[value].runs.append({k: v for k, v in result.items() if k != "windows"})
+        done += 1
+        yield Progress(done, len(plan), snapshot(), clock() - started, (value, repeat))
 
 
 def sweep_json(over: str, points: list[Point], meta: dict) -> dict:
     """The sweep as one JSON object: what ran, each point's summary, and each run's figures (without the per-pass
-    trace, which `compare --json` gives)."""
+    trace, which `compare --json` gives). A value that has not run yet (a stopped sweep) has no point."""
     def lean(run: dict) -> dict:
         return {**run, "assisted": {k: v for k, v in run["assisted"].items() if k != "steps"}}
     return {**meta, "over": over, "values": [p.value for p in points],
-            "points": [{**p.summary(), "each_run": [lean(r) for r in p.runs]} for p in points]}
+            "points": [{**p.summary(), "each_run": [lean(r) for r in p.runs]} for p in points if p.runs]}
 
 
 CSV_COLUMNS = ["value", "runs", "speedup", "speedup_min", "speedup_max", "tokens_per_pass", "mean_acceptance_length",
@@ -169,11 +241,13 @@ CSV_COLUMNS = ["value", "runs", "speedup", "speedup_min", "speedup_max", "tokens
 
 
 def sweep_csv(over: str, points: list[Point]) -> str:
-    """One row per point; per-position acceptance as position:rate pairs."""
+    """One row per point that ran; per-position acceptance as position:rate pairs."""
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow([over] + CSV_COLUMNS[1:])
     for point in points:
+        if not point.runs:
+            continue
         s = point.summary()
         s["per_position"] = " ".join(f"{i + 1}:{v:.3f}" for i, v in enumerate(s["per_position"]))
         writer.writerow([s[c] if not isinstance(s[c], float) else round(s[c], 4) for c in CSV_COLUMNS])

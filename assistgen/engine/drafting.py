@@ -179,8 +179,12 @@ class AssistantWithLookupCandidates:
 
 # Before this machine has measured them: how many tokens an answer is taken to run before it has shown its length,
 # and the share of lookup-only decoding's seconds per token that drafting with the assistant saves. A measured share
-# counts at least MIN_SAVING, so that one prompt where the assistant lost cannot lock it out of the next.
+# counts at least MIN_SAVING, so that one prompt where the assistant lost cannot lock it out of the next. The prior
+# length is a bet, taken only on a prompt pass that costs at most PRIOR_RISK_TOKENS tokens of lookup-only decoding
+# (a short prompt), so that a wrong guess loses at most that; a dearer pass waits until the answer so far has run
+# long enough to pay for it on its own (a long prompt with a short answer then never pays it).
 PRIOR_ANSWER_TOKENS = 8
+PRIOR_RISK_TOKENS = 2
 PRIOR_SAVING = 0.3
 MIN_SAVING = 0.1
 
@@ -227,8 +231,8 @@ class PaybackCosts:
 
 class PaybackGate:
     """Whether to pay the assistant's prompt pass yet: only once the tokens the answer can still be expected to run
-    (as many as it has run so far, at least `PRIOR_ANSWER_TOKENS`, at most what the budget leaves) save more than
-    that pass costs. Until then drafts come from lookup alone; then the assistant reads the prompt and the answer so
+    (as many as it has run so far, at most what the budget leaves; at least `PRIOR_ANSWER_TOKENS` where that pass
+    costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from lookup alone; then the assistant reads the prompt and the answer so
     far in one pass (`prefill`). Every figure is measured with `clock` around the draft calls: the time from one
     draft call's end to the next one's start is the target's pass."""
 
@@ -294,12 +298,13 @@ class PaybackGate:
         False while the target's prompt pass or lookup's seconds per token are still unmeasured."""
         generated = len(tokens) - self.prompt_tokens
         prompt_s = self._prompt_s if self._prompt_s is not None else self.costs.target_prompt_s
-        saving = self.costs.saving_per_token(self._lookup.value if self._lookup.value is not None
-                                             else self.costs.lookup.value)
+        lookup_s = self._lookup.value if self._lookup.value is not None else self.costs.lookup.value
+        saving = self.costs.saving_per_token(lookup_s)
         if prompt_s is None or saving is None:
             return False
         cost = self.costs.assistant_over_target * prompt_s * len(tokens)
-        expected = min(self.budget - generated, max(generated, PRIOR_ANSWER_TOKENS))
+        answer = max(generated, PRIOR_ANSWER_TOKENS) if cost <= PRIOR_RISK_TOKENS * lookup_s else generated
+        expected = min(self.budget - generated, answer)
         if expected * saving >= cost:
             return True
         self.refused = (cost, len(tokens), saving)

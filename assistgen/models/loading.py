@@ -115,18 +115,30 @@ def _linear_weight_size(module, dtype: torch.dtype) -> int | None:
     return torch.finfo(dtype).bits // 8
 
 
-def weight_bytes(module, dtype: torch.dtype) -> int:
-    """Bytes of a module's weights as loaded: its parameters (`_count`), and the linear weights and biases kept
-    outside them once packed (oneDNN's layout, int8)."""
-    total = _count(module)[1]
+def _packed_linears(module, dtype: torch.dtype):
+    """(weights, bytes per weight, biases, bytes per bias) for each linear layer whose weight is kept outside the
+    parameters once packed (oneDNN's layout, int8: its bias packed with it, in float32)."""
     for m in module.modules():
         size = _linear_weight_size(m, dtype)
         if size is None or isinstance(getattr(m, "weight", None), torch.nn.Parameter):
             continue
         bias = getattr(m, "bias", None)
-        total += m.in_features * m.out_features * size
-        total += bias.numel() * bias.element_size() if isinstance(bias, torch.Tensor) else 0
-    return total
+        if isinstance(bias, torch.Tensor):
+            yield m.in_features * m.out_features, size, bias.numel(), bias.element_size()
+        else:
+            yield m.in_features * m.out_features, size, m.out_features if getattr(m, "has_bias", False) else 0, 4
+
+
+def weight_bytes(module, dtype: torch.dtype) -> int:
+    """Bytes of a module's weights as loaded: its parameters (`_count`), and the linear weights and biases kept
+    outside them once packed (oneDNN's layout, int8)."""
+    return _count(module)[1] + sum(w * w_size + b * b_size for w, w_size, b, b_size in _packed_linears(module, dtype))
+
+
+def parameter_count(module, dtype: torch.dtype) -> int:
+    """A module's parameters as loaded, the packed linear layers' weights and biases included (an int8 model keeps
+    its linear weights outside `parameters()`)."""
+    return _count(module)[0] + sum(w + b for w, _, b, _ in _packed_linears(module, dtype))
 
 
 def decoding_pass_bytes(model) -> int:
@@ -250,7 +262,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         refusal = precision.apply_encoder_dtype(spec, model, device)   # before packing: a cast layer stays unpacked
         if refusal:
             raise LoadError(refusal)
-        params, nbytes = _count(model)
+        params, nbytes = parameter_count(model, dtype), _count(model)[1]
         onednn = dtype == torch.float32 and onednn_enabled()
         if device.type == "cpu" and spec.quantization == "none":
             if not offloaded(model):

@@ -64,6 +64,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
         self.reduce_range = not full_range_inputs()
+        self.has_bias = bias is not None   # packed with the weight, in float32
         block = block_rows(self.out_features)
         weights, scales = qweight.split(block), qscale.double().split(block)
         biases = [None] * len(weights) if bias is None else bias.float().split(block)

@@ -8,7 +8,9 @@ Every item (prompt or clip) runs its baseline once per repeat and temperature, t
 with --peer, transformers' own ``generate(assistant_model=...)``. Each assisted run's speedup is taken against the
 baseline run of the same item, repeat and temperature; the order of the runs rotates from one item to the next, so
 drift on a shared machine hits every configuration alike. Several --pair run side by side, item by item, and every
-run is also set against the first pair's baseline. --verify-curve times verify(k) for each target.
+run is also set against the first pair's baseline. --verify-curve times verify(k) for each target. Temperatures run
+as a temperature sweep runs them (`comparison.sweep`: the same order, settings and seeds), and each temperature's
+figures are the sweep's (`point_figures`, through `report.summarize`).
 
 Writes results.json (every run and the summary), results.md (tables) and PNG plots into --out, and runs.jsonl
 line by line while it runs. Timings are figures to read, never asserts.
@@ -36,6 +38,7 @@ from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, 
 from ..comparison import schedule_store
 from ..comparison.request import build_request, request_inputs, request_settings
 from ..comparison.acceptance import acceptance
+from ..comparison.sweep import point_settings, sweep_plan
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
 from ..models.catalog import CatalogError, load_catalog
@@ -296,7 +299,8 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
         for adapter in peers[i].values():   # a short run of each variant: one-time costs hit no timed run
             for variant in adapter.variants:
                 adapter.run(variant, prepared[0][0], prepared[0][1][i], Settings(max_new_tokens=2))
-    plan = [(repeat, temperature, item, inputs) for repeat in range(repeats) for temperature in temperatures
+    # the sweep's own order over temperatures (repeat by repeat, each temperature once per repeat), item by item
+    plan = [(repeat, temperature, item, inputs) for repeat, temperature in sweep_plan(temperatures, repeats)
             for item, inputs in prepared]
     configs = [configs_for(pair, draft_sources, schedules, peer, peers[p]) for p, pair in enumerate(pairs)]
     total = len(plan) * sum(len(c) for c in configs)
@@ -306,11 +310,11 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
         for p in [(n + i) % len(pairs) for i in range(len(pairs))]:   # pairs and configurations rotate by item
             pair, own = pairs[p], configs[p]
             for config in own[n % len(own):] + own[:n % len(own)]:
-                settings = request_settings(pair.spec, max_new_tokens=max_new_tokens, temperature=temperature,
-                                            seed=repeat, draft_source=config.draft_source or "assistant",
-                                            num_assistant_tokens=num_assistant_tokens,
-                                            schedule=config.schedule if config.schedule in SCHEDULE_NAMES
-                                            else "heuristic")
+                base = request_settings(pair.spec, max_new_tokens=max_new_tokens,
+                                        draft_source=config.draft_source or "assistant",
+                                        num_assistant_tokens=num_assistant_tokens,
+                                        schedule=config.schedule if config.schedule in SCHEDULE_NAMES else "heuristic")
+                settings = point_settings(base, "temperature", temperature, repeat)   # as a temperature sweep sets it
                 try:
                     runs[p][config] = run_once(pair, item.task, inputs[p], settings, config, item=item,
                                                peers=peers[p])

@@ -5,6 +5,7 @@ import statistics
 from pathlib import Path
 
 from ..app.render import fmt_value
+from ..comparison.sweep import ACCEPTANCE_KEYS, point_figures
 from .passcosts import curve_markdown
 
 
@@ -29,7 +30,8 @@ def _budget(max_new_tokens) -> str:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per (pair, suite, temperature, configuration): medians over items and repeats, with the speedup's
-    spread, and where the time went."""
+    spread, and where the time went. Speedup, latencies, tokens per pass, c and the acceptance figures are the
+    sweep's own (`comparison.sweep.point_figures`), each temperature a point."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if "error" not in row:
@@ -38,18 +40,17 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (pair, suite, temperature, config), group in groups.items():
         speedups = [r["speedup"] for r in group]
         identical = [r["identical"] for r in group if r["identical"] is not None]
+        figures = point_figures(group)   # the sweep's own figures of a point, over this group's runs
         summary.append({
             "pair": pair, "suite": suite, "temperature": temperature, "config": config, "runs": len(group),
-            "baseline_s": _median(r["baseline_latency_s"] for r in group),
-            "latency_s": _median(r["latency_s"] for r in group),
-            "speedup": _median(speedups), "speedup_min": min(speedups), "speedup_max": max(speedups),
+            "baseline_s": figures["baseline_latency_s"], "latency_s": figures["latency_s"],
+            **{key: figures[key] for key in ("speedup", "speedup_min", "speedup_max")},
             "speedup_p10": _quantile(speedups, 0.1), "speedup_p90": _quantile(speedups, 0.9),
             "reference_speedup": _median(r.get("reference_speedup") for r in group),
-            "tokens_per_pass": _median(r.get("tokens_per_pass") for r in group),
+            "tokens_per_pass": figures["tokens_per_pass"],
             "acceptance_rate": _median(r.get("acceptance_rate") for r in group),
-            "cost_ratio": _median(r.get("cost_ratio") for r in group),
-            **{key: _median((r.get("acceptance") or {}).get(key) for r in group)
-               for key in ("mean_acceptance_length", "draft_acceptance_rate", "zero_accept_share")},
+            "cost_ratio": figures["cost_ratio"],
+            **{key: figures[key] for key in ACCEPTANCE_KEYS}, "per_position": figures["per_position"],
             "identical_share": sum(identical) / len(identical) if identical else None,
             "ms_per_token": _median(r.get("ms_per_token") for r in group),
             **{key: _median(r.get(key) for r in group) for key in ("prompt_s", "drafting_s", "verifying_s",

@@ -5,20 +5,24 @@
 
 Each run is a full comparison (warm-up, speed probes before, between and after, the same warnings as `compare`).
 Writes sweep.json, sweep.csv, sweep.png (speedup, tokens per pass, acceptance, per-position acceptance) and
-break_even.png (where each run sits against the break-even line) to --out; --json prints the JSON.
+break_even.png (where each run sits against the break-even line) to --out; --json prints the JSON. Ctrl-C stops
+the sweep at its next decoding step and writes the runs that finished (a second Ctrl-C quits at once).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
 from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
-from ..comparison.sweep import (MAX_REPEATS, OVER, assistant_choices, parse_values, run_sweep, sweep_break_even_figure,
-                                sweep_csv, sweep_figure, sweep_json)
+from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, parse_values, run_sweep,
+                                sweep_break_even_figure, sweep_csv, sweep_figure, sweep_json)
 from ..comparison.tasks import InputError
 from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
@@ -91,27 +95,35 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from None
         return pairs[name], inputs[name]
 
-    def run_one(settings: Settings, name: str) -> dict:
+    def run_one(settings: Settings, name: str, on_step) -> dict:
         pair, prepared = loaded(name)
-        return compare(pair, args.task, prepared.inputs, settings, language=prepared.language).to_dict()
+        return compare(pair, args.task, prepared.inputs, settings, language=prepared.language,
+                       on_baseline_step=on_step, on_assisted_step=on_step).to_dict()
 
     for name in (values if args.over == "assistant" else [spec.name]):
         loaded(name)   # every pair loaded before the first timed run
-    progress = None
-    for progress in run_sweep(args.over, values, args.repeats, base, spec.name, run_one):
-        value, repeat = progress.last
-        s = next(p for p in progress.points if p.value == value).runs[-1]
-        print(f"[{progress.done}/{progress.total}] {args.over}={value} repeat {repeat + 1}: speedup "
-              f"{s['speedup']:.2f}x, {s['assisted']['tokens_per_pass']:.2f} tokens/pass"
-              + ("" if s["identical"] or s["settings"]["temperature"] > 0 else ", DIFFERS from baseline")
-              + ("" if (s["stability"] or {}).get("stable", True) else " (timing not reliable)"),
-              file=sys.stderr, flush=True)
+    stop = threading.Event()
+
+    def interrupted(signum, frame) -> None:
+        """The first Ctrl-C stops the sweep at its next decoding step and keeps what finished; a second quits."""
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("stopping at the next decoding step (Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        progress = list(_report(args, run_sweep(args.over, values, args.repeats, base, spec.name, run_one,
+                                                stop=stop)))[-1]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if progress.stopped:
+        print(progress.stop_message, file=sys.stderr, flush=True)
     points = progress.points
     meta = {"pair": spec.name, "task": args.task, "repeats": args.repeats,
             "base_settings": {"max_new_tokens": base.max_new_tokens, "temperature": base.temperature,
                               "draft_source": base.draft_source, "num_assistant_tokens": base.num_assistant_tokens,
                               "schedule": base.schedule},
-            "command": "python -m assistgen " + " ".join(getattr(args, "argv", []) or [])}
+            "command": "python -m assistgen " + " ".join(getattr(args, "argv", []) or []), **progress.state()}
     result = sweep_json(args.over, points, meta)
     if args.out:
         out = Path(args.out)
@@ -128,6 +140,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(sweep_table(args.over, result["points"]))
     return 0
+
+
+def _report(args: argparse.Namespace, progresses: Iterator[Progress]) -> Iterator[Progress]:
+    """Each finished run's line on stderr, as the sweep goes."""
+    for progress in progresses:
+        if progress.last is not None:
+            value, repeat = progress.last
+            s = next(p for p in progress.points if p.value == value).runs[-1]
+            print(f"[{progress.done}/{progress.total}] {args.over}={value} repeat {repeat + 1}: speedup "
+                  f"{s['speedup']:.2f}x, {s['assisted']['tokens_per_pass']:.2f} tokens/pass"
+                  + ("" if s["identical"] or s["settings"]["temperature"] > 0 else ", DIFFERS from baseline")
+                  + ("" if (s["stability"] or {}).get("stable", True) else " (timing not reliable)"),
+                  file=sys.stderr, flush=True)
+        yield progress
 
 
 def sweep_table(over: str, points: list[dict]) -> str:

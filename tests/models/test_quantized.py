@@ -97,3 +97,15 @@ def test_without_vnni_inputs_keep_seven_bits(monkeypatch):
         assert layer.reduce_range
     finally:
         quantized.full_range_inputs.cache_clear()
+
+
+def test_an_int8_model_counts_its_linear_weights_among_its_parameters():
+    """An int8 model keeps its linear weights outside `parameters()`; its parameter count (which prices an assistant
+    against its target) still counts them, as the float model does."""
+    from assistgen.models.loading import _count, parameter_count
+    model = tm.qwen2(0)
+    floats = parameter_count(model, torch.float32)
+    assert floats == sum(p.numel() for p in model.parameters())
+    int8 = quantized.quantize(model)
+    assert _count(int8)[0] < floats // 2          # what parameters() alone sees
+    assert parameter_count(int8, torch.float32) == floats

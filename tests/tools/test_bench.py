@@ -43,6 +43,13 @@ def test_bench_writes_results_tables_and_plots(tiny_catalog_path, tmp_path):
     summary = {(s["suite"], s["temperature"], s["config"]): s for s in results["summary"]}
     assert summary[("mine", 0.0, "heuristic")]["runs"] == 4
     assert summary[("mine", 0.0, "heuristic")]["identical_share"] == 1.0
+    acceptance_fields = ("mean_acceptance_length", "draft_acceptance_rate", "per_position", "zero_accept_share")
+    for run in ours:   # the acceptance figures, as compare --json and the sweep give them
+        assert set(acceptance_fields) <= set(run["acceptance"])
+    for s in results["summary"]:
+        assert set(acceptance_fields) <= set(s)
+        if s["config"] == "heuristic":
+            assert s["mean_acceptance_length"] >= 1.0 and s["per_position"], s
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| tiny-text | mine | 0 | heuristic | 4 |" in md and "transformers heuristic" in md
     assert "## Where the time goes" in md
@@ -147,3 +154,45 @@ def test_a_peer_that_leaves_each_windows_end_of_text_out_gave_the_same_output():
     assert not same_output([[5], [6, 7]], ours, {eos})   # the same tokens, split elsewhere
     assert not same_output([[5, 6, 7]], ours, {eos})
     assert window_tokens(GenerationResult([1, 2, eos], [], 1, 0, 0.1)) == [[1, 2, eos]]
+
+
+def test_the_bench_computes_each_temperatures_figures_as_the_sweep_does(tiny_catalog_path, monkeypatch):
+    """A temperature in the benchmark is a point of a temperature sweep: the same order and seeds
+    (`sweep_plan`, `point_settings`) and the same figures (`point_figures`). On the same seeded tiny run, the
+    bench's per-temperature figures other than timings equal the sweep's."""
+    from assistgen.comparison import sweep
+    from assistgen.comparison.compare import Settings, compare
+    from assistgen.comparison.tasks import text_inputs
+    from assistgen.models.catalog import load_catalog
+    from assistgen.models.pool import ModelPool
+    from assistgen.tools import bench, report
+    from assistgen.tools.bench import Item, run_bench
+    pair = ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-text")
+    calls = {"plan": 0, "settings": 0, "figures": 0}
+
+    def counting(name, fn):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+    monkeypatch.setattr(bench, "sweep_plan", counting("plan", sweep.sweep_plan))
+    monkeypatch.setattr(bench, "point_settings", counting("settings", sweep.point_settings))
+    monkeypatch.setattr(report, "point_figures", counting("figures", sweep.point_figures))
+    rows = run_bench(pair, [Item("mine", "chat", "hello", text="hello there")], temperatures=[0.0, 1.0],
+                     draft_sources=["assistant"], schedules=["heuristic"], repeats=2, max_new_tokens=8)
+    summary = {(s["temperature"], s["config"]): s for s in report.summarize(rows)}
+    assert calls["plan"] == 1 and calls["settings"] == len(rows) and calls["figures"] == len(summary) == 4
+    assert [(r["repeat"], r["temperature"]) for r in rows if r["config"] == "heuristic"] == [
+        (0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0)]   # the sweep's order
+
+    inputs = text_inputs(pair, "chat", "hello there")
+    base = Settings(max_new_tokens=8, draft_source="assistant", num_assistant_tokens=pair.spec.num_assistant_tokens,
+                    schedule="heuristic")
+    *_, last = sweep.run_sweep("temperature", [0.0, 1.0], 2, base, "tiny-text",
+                               lambda settings, name, on_step: compare(pair, "chat", inputs, settings).to_dict())
+    for point in last.points:
+        swept, benched = point.summary(), summary[(point.value, "heuristic")]
+        assert benched["runs"] == swept["runs"] == 2
+        for key in ("tokens_per_pass", *sweep.ACCEPTANCE_KEYS, "per_position"):
+            assert benched[key] == swept[key], (point.value, key)
+    assert summary[(1.0, "heuristic")]["per_position"]   # sampled drafts were judged, position by position

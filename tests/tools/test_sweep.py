@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from assistgen.comparison.compare import Settings
-from assistgen.comparison.sweep import parse_values, run_sweep
+from assistgen.comparison.compare import Settings, compare
+from assistgen.comparison.sweep import parse_values, run_sweep, sweep_csv, sweep_json
 from helpers import ROOT
 
 
@@ -26,7 +27,7 @@ def fake_result(settings: Settings, pair: str, speedup: float) -> dict:
 def test_a_sweep_runs_repeat_by_repeat_each_value_with_its_own_settings():
     calls = []
 
-    def run_one(settings, pair):
+    def run_one(settings, pair, on_step):
         calls.append((settings.temperature, settings.seed, pair))
         return fake_result(settings, pair, 1.0 + settings.seed)
     progress = list(run_sweep("temperature", [0.0, 1.0], 2, Settings(max_new_tokens=8), "p", run_one))
@@ -40,7 +41,7 @@ def test_a_sweep_runs_repeat_by_repeat_each_value_with_its_own_settings():
 def test_an_assistant_sweep_runs_each_pair():
     pairs = []
     list(run_sweep("assistant", ["a", "b"], 1, Settings(), "a",
-                   lambda s, pair: pairs.append(pair) or fake_result(s, pair, 1.0)))
+                   lambda s, pair, on_step: pairs.append(pair) or fake_result(s, pair, 1.0)))
     assert pairs == ["a", "b"]
 
 
@@ -82,3 +83,89 @@ def test_the_sweep_plot_shows_every_point_that_ran():
     assert list(speed.lines[0].get_xdata()) == [0, 1] and list(speed.lines[0].get_ydata()) == [1.2, 1.1]
     assert [t.get_text() for t in speed.get_xticklabels()] == ["0.0", "0.5", "1.0"]
     assert len(passes.lines) == 2 and len(fig.axes[3].lines) == 2   # tokens/pass and acceptance length; 2 curves
+
+
+@pytest.fixture(scope="module")
+def tiny_text(tiny_catalog_path):
+    """The tiny text pair, loaded, and a prompt's inputs."""
+    from assistgen.comparison.tasks import text_inputs
+    from assistgen.models.catalog import load_catalog
+    from assistgen.models.pool import ModelPool
+    pair = ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-text")
+    return pair, text_inputs(pair, "chat", "hello there")
+
+
+def comparing(pair, inputs, around_step=None):
+    """A sweep's `run_one` on a loaded pair: a full comparison, each decoding step through `around_step(step,
+    on_step)` when given."""
+    def run_one(settings, name, on_step):
+        step = on_step if around_step is None else (lambda s: around_step(s, on_step))
+        return compare(pair, "chat", inputs, settings, on_baseline_step=step, on_assisted_step=step).to_dict()
+    return run_one
+
+
+def test_a_sweep_stopped_after_its_first_point_keeps_exactly_that_point_and_says_so(tiny_text):
+    stop = threading.Event()
+    progresses = []
+    for progress in run_sweep("temperature", [0.0, 1.0, 0.5], 1, Settings(max_new_tokens=6), "tiny-text",
+                              comparing(*tiny_text), stop=stop):
+        progresses.append(progress)
+        stop.set()   # Stop pressed once the first point is on the plot
+    first, last = progresses
+    assert (first.done, first.stopped) == (1, False)
+    assert (last.done, last.total, last.stopped) == (1, 3, True)
+    assert [len(p.runs) for p in last.points] == [1, 0, 0]
+    assert "Stopped by the user after 1 of 3 points" in last.stop_message
+    result = sweep_json("temperature", last.points, last.state())
+    assert [p["value"] for p in result["points"]] == [0.0] and result["values"] == [0.0, 1.0, 0.5]
+    assert (result["points_done"], result["points_planned"], result["stopped"]) == (1, 3, last.stop_message)
+    assert len(sweep_csv("temperature", last.points).strip().splitlines()) == 2   # the header and the one point
+
+
+def test_a_stop_takes_effect_at_the_next_decoding_step_inside_a_point(tiny_text):
+    """The stop is pressed during the second point's second decoding step: that point stops at its next step and
+    is dropped; the first is kept whole."""
+    stop = threading.Event()
+    steps = []           # decoding steps run, per point started
+    after_stop = []
+
+    def around_step(step, on_step):
+        if stop.is_set():
+            after_stop.append(step)
+        steps[-1] += 1
+        on_step(step)    # raises once the stop is set
+        if len(steps) == 2 and steps[-1] == 2:
+            stop.set()
+    run_one = comparing(*tiny_text, around_step)
+
+    def counted(settings, name, on_step):
+        steps.append(0)
+        return run_one(settings, name, on_step)
+    progresses = list(run_sweep("temperature", [0.0, 1.0, 0.5], 1, Settings(max_new_tokens=12), "tiny-text",
+                                counted, stop=stop))
+    assert len(after_stop) <= 1                          # at most the step under way when Stop was pressed
+    assert len(steps) == 2 and steps[1] == 3 and steps[0] > 3   # the second point stopped well short of its end
+    assert [p.done for p in progresses] == [1, 1] and progresses[-1].stopped
+    assert [len(p.runs) for p in progresses[-1].points] == [1, 0, 0]   # the partly-run point is not shown
+
+
+def test_ctrl_c_stops_the_sweep_cli_at_its_next_step_and_writes_the_finished_runs(tiny_catalog_path, tmp_path):
+    import signal
+    values = "0,0.2,0.4,0.6,0.8,1.0,1.2,1.4"   # 80 runs: far more than run before the signal lands
+    sweep = subprocess.Popen([sys.executable, "-m", "assistgen", "--catalog", str(tiny_catalog_path), "sweep",
+                              "--pair", "tiny-text", "--task", "chat", "--text", "hello there", "--over",
+                              "temperature", "--values", values, "--repeats", "10", "--max-new-tokens", "24", "--json",
+                              "--out", str(tmp_path)],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    for line in sweep.stderr:
+        if line.startswith("[1/80]"):
+            sweep.send_signal(signal.SIGINT)
+            break
+    out, err = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, err
+    result = json.loads(out)
+    assert 1 <= result["points_done"] < result["points_planned"] == 80
+    assert result["stopped"].startswith(f"Stopped by the user after {result['points_done']} of 80 points")
+    assert sum(p["runs"] for p in result["points"]) == result["points_done"]
+    assert json.loads((tmp_path / "sweep.json").read_text())["stopped"] == result["stopped"]
