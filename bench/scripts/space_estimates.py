@@ -26,7 +26,7 @@ import torch
 
 from assistgen.engine.kv import CachedDecoder
 from assistgen.models.catalog import load_catalog
-from assistgen.models.cpu import materialize
+from assistgen.models.cpu import materialize, onednn_enabled
 
 PROMPT_TOKENS = 40           # a short chat request, or Whisper's forced prefix and a little
 NEW_TOKENS = {"text": 128, "asr": 60}   # the text pairs' default budget; about 20 s of speech
@@ -80,7 +80,7 @@ def build(repo: str, layers: int, decoder_only: bool):
                                                num_attention_heads=heads, word_embed_proj_dim=d))
         full = (n, n)
     model.eval()
-    materialize(model, onednn=os.environ.get("ASSISTGEN_ONEDNN", "1") != "0")
+    materialize(model, onednn=onednn_enabled())
     return model, full
 
 
