@@ -250,7 +250,10 @@ class AdaptiveSchedule:
     - **Per token.** Keep drafting while the chance that the next draft survives pays for one more assistant pass
       and one more verified row. Then verify the prefix with the largest expected saving; drafts past it are
       withheld (none at all when the first does not pay: a plain pass). Every step drafts at least one token, to read
-      its confidence.
+      its confidence, and after `probe_every` steps in a row without a verified draft the next step verifies its
+      first one, and so does every step after it while such probes are accepted: the calibration learns only from
+      verified drafts, so one that says drafts never pay (lent by other inputs, where they did not) could otherwise
+      never be corrected.
     - **Until the costs are measured** (the first two steps) it drafts the heuristic's window, up to `max_window`
       after that. `measured`, an earlier generation's schedule with the same models on this machine, lends its costs
       and its calibration (at the weight of `CARRIED_DRAFTS` drafts a bin, so this input's own drafts soon count):
@@ -269,7 +272,10 @@ class AdaptiveSchedule:
         self.calibrated = Calibration(bins, prior_strength)
         self.costs = PassCosts(decay)
         self.switch = DraftSwitch(decay, probe_every, probe_keep)
+        self.probe_every = probe_every
         self._steps = 0
+        self._unverified = 0                       # steps in a row whose drafts were all withheld
+        self._probed = self._probing = False       # this step verifies a probe; the last probe was accepted
         self._confident = False                    # the drafts come with confidences
         if measured is not None and measured.costs.known:
             self.costs = measured.costs.lent()
@@ -319,13 +325,19 @@ class AdaptiveSchedule:
             gain += chance * pass_s(1) - (pass_s(n + 1) - pass_s(n))
             if gain > best_gain:
                 best, best_gain = n, gain
-        return int(best)
+        self._probed = best == 0 and bool(confidences) and (self._probing or self._unverified + 1 >= self.probe_every)
+        return 1 if self._probed else int(best)   # a probe: the calibration learns only from verified drafts
 
     def update(self, drafted, accepted, draft_s, verify_s, confidences=None):
         self._steps += 1
         if confidences is not None:
             self._confident = True
             self.calibrated.observe(confidences, drafted, accepted)
+            if drafted:
+                self._unverified, self._probing = 0, self._probed and accepted > 0
+            elif confidences:
+                self._unverified += 1
+            self._probed = False
         if drafted:
             self._k = heuristic_window(self._k, drafted, accepted, lowest=self.min_window, highest=self.max_window)
         proposed = len(confidences) if confidences is not None else drafted

@@ -324,3 +324,22 @@ def test_sampled_drafts_are_never_withheld():
         result = generate(target, inputs, assistant_model=assistant, do_sample=True, seed=seed, max_new_tokens=12,
                           num_assistant_tokens_schedule=Withholding(5))
         assert all(s.withheld == 0 for s in result.steps)
+
+
+def test_a_lent_calibration_that_says_drafts_never_pay_is_corrected_by_probes():
+    """Drafts at 0.6 confidence were never accepted on earlier inputs, so the lent calibration withholds them all; on
+    this input the target accepts every one. Only verified drafts teach the calibration, so the schedule verifies a
+    probe after `probe_every` steps without one, and keeps probing while probes are accepted: it recovers within
+    tens of steps instead of decoding plainly to the end."""
+    learnt = schedules.Calibration()
+    for _ in range(200):
+        learnt.observe([0.6], 1, 0)
+    schedule = warmed(0.02, cpu_verify)
+    schedule.calibrated = learnt.carried(schedules.CARRIED_DRAFTS)
+    assert schedule.verify_count([0.6] * 5) == 0
+    trace = [(True, 0.6)] * 300
+    plain = len(trace) * cpu_verify(0)
+    assert replay(schedule, trace, 0.02, cpu_verify) < 0.6 * plain
+    stuck = warmed(0.02, cpu_verify)
+    stuck.calibrated, stuck.probe_every = learnt.carried(schedules.CARRIED_DRAFTS), 10 ** 9   # no probes
+    assert replay(stuck, trace, 0.02, cpu_verify) > plain
