@@ -242,8 +242,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer":
         kwargs["assistant_payback"] = payback_costs(pair)
 
-    # sampled drafts are accepted at rates of their own, which depend on the temperature and top-p
-    key = (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
+    key = schedule_key(draft_source, settings)
     measured = runtime(pair).schedules
 
     def one(model_inputs: dict) -> GenerationResult:
@@ -260,9 +259,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
                           num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
-            measured[key] = schedule
-            if not isinstance(inputs, list) or model_inputs is inputs[-1].inputs:   # once a run: its last window
-                schedule_store.save(pair, key, schedule)
+            measured[key] = schedule   # the next run's start; kept for the next process by `compare`, once judged
         return result
     if isinstance(inputs, dict):
         return one(inputs)
@@ -272,6 +269,12 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
             on_window(i, window)
         results.append(one(window.inputs))
     return joined(results)
+
+
+def schedule_key(draft_source: str | None, settings: Settings) -> tuple:
+    """Which measured schedule a run starts from and leaves: one per draft source and decoding, since sampled drafts
+    are accepted at rates of their own, which depend on the temperature and top-p."""
+    return (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
 
 
 def payback_costs(pair: LoadedPair) -> PaybackCosts:
@@ -386,6 +389,12 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     rows = rows_to_probe(assisted)   # None when no check could use it: no passes spent on it
     rows_s = None if rows is None else probe.pass_s(rows)
     stability = judge({"before": before, "between": between, "after": after}, baseline, assisted, rows_s)
+    key = schedule_key(draft_source, settings)
+    if stability.stable and settings.schedule == "adaptive" and key in runtime(pair).schedules:
+        # only what a steady machine measured is kept for the next process: costs measured while the machine's speed
+        # moved would start every later process from them, and a verification size no later run drafts is never
+        # measured again
+        schedule_store.save(pair, key, runtime(pair).schedules[key])
     spans = None if isinstance(inputs, dict) else [(w.start_s, w.end_s) for w in inputs]
     return Comparison(pair, task, settings, draft_source or "none", baseline, assisted,
                       decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability,

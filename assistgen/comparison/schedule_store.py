@@ -1,5 +1,6 @@
 """What the adaptive schedule measured with a pair (pass costs, calibration), kept in the assistgen cache so that a
-new process starts from it, as a later run in the same process does (`runtime.PairRuntime.schedules`).
+new process starts from it, as a later run in the same process does (`runtime.PairRuntime.schedules`). `compare`
+keeps a comparison's measurements only when its speed probes found the machine steady.
 
 Kept only for pairs whose models all come from the cache (the offline packs), in one file per pair, with the facts the
 costs depend on: the models' folders, dtypes and devices, whether oneDNN runs the fp32 layers, torch, the CPU (its
@@ -23,7 +24,7 @@ from ..models.loading import LoadedModel, LoadedPair
 from ..models.packs import cache_dir, file_lock
 from ..models.precision import encoder_dtype
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: kept only from comparisons whose speed probes held (`compare.compare`)
 
 
 def _models(pair: LoadedPair) -> list[LoadedModel]:

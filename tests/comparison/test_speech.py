@@ -1,5 +1,6 @@
 """Speech inputs: long recordings cut at pauses into windows that both runs go through, the spoken language, and an
 English-only assistant that stops drafting on other speech."""
+import dataclasses
 import json
 
 import numpy as np
@@ -8,6 +9,7 @@ import torch
 
 import helpers as tm
 from assistgen.comparison.compare import Settings, compare
+from assistgen.comparison.probe import judge
 from assistgen.comparison.runtime import runtime
 from assistgen.comparison.speech import SpeechWindow, cut_points
 from assistgen.models.loading import check_pair
@@ -121,9 +123,11 @@ def test_a_new_process_starts_from_what_the_last_one_measured_with_models_of_the
     """`comparison.schedule_store` keeps the adaptive schedule's measurements beside the cache's models: a pair loaded
     afresh (a new process) drafts by them from its first step. Not for models outside the cache, not under other
     facts (another assistant, other threads), not when turned off, and a damaged file is ignored."""
-    from assistgen.comparison import schedule_store
+    from assistgen.comparison import compare as comparing, schedule_store
     pair, tokenizer = speech_pair
     monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path))
+    steady = lambda *args: dataclasses.replace(judge(*args), warnings=[])   # noqa: E731  (tiny models' timings jitter)
+    monkeypatch.setattr(comparing, "judge", steady)
     window = [SpeechWindow(0.0, 20.0, _window(tokenizer, "en"))]
     adaptive = Settings(max_new_tokens=24, schedule="adaptive")
 
@@ -175,3 +179,24 @@ def test_a_target_whose_encoder_runs_in_bfloat16_says_so_and_stays_identical(spe
     assert result.identical and data["dtype"] == "float32" and data["encoder_dtype"] == "bfloat16"
     assert data["identical_note"] == "identical to baseline, token for token (float32, encoder bfloat16)"
     assert data["assisted"]["new_tokens"] == 12 and data["assisted"]["target_passes"] < 12
+
+
+def test_only_what_a_steady_machine_measured_is_kept_for_the_next_process(speech_pair, tmp_path, monkeypatch):
+    """Costs measured while the machine's speed moved would start every later process from them (and a verification
+    size no later run drafts is never measured again): a comparison whose speed probes warn keeps nothing."""
+    from assistgen.comparison import compare as comparing, schedule_store
+    pair, tokenizer = speech_pair
+    monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path))
+    for name, loaded in (("target", pair.target), ("assistant", pair.assistant)):
+        monkeypatch.setattr(loaded.model.config, "_name_or_path", str(tmp_path / "models" / name))
+    window = [SpeechWindow(0.0, 20.0, _window(tokenizer, "en"))]
+    adaptive = Settings(max_new_tokens=24, schedule="adaptive")
+    moved = lambda *args: dataclasses.replace(judge(*args), warnings=["the machine's speed moved"])   # noqa: E731
+    monkeypatch.setattr(comparing, "judge", moved)
+    run = compare(check_pair(pair.spec, pair.target, pair.assistant), "asr", window, adaptive)
+    assert not run.stability.stable and run.identical
+    assert not schedule_store.store_path(pair).exists()
+    steady = lambda *args: dataclasses.replace(judge(*args), warnings=[])   # noqa: E731
+    monkeypatch.setattr(comparing, "judge", steady)
+    compare(check_pair(pair.spec, pair.target, pair.assistant), "asr", window, adaptive)
+    assert schedule_store.store_path(pair).is_file()
