@@ -10,7 +10,16 @@ bench() { name=$1; shift; $PY -m assistgen bench --out "$OUT/$name" "$@"; }
 TEXT=qwen2.5-coder-1.5b+0.5b-int8
 SPEECH=whisper-base+decoder-int8
 
-# The results table of the README: the default pairs at their defaults
+# The results table of the README: the default pairs at their defaults, with the peers on the same weights
+# (pip install -r requirements-peers.txt; bash bench/scripts/build_llama_server.sh; export ASSISTGEN_LLAMA_SERVER=...)
+bench peers-code --pair $TEXT --suite code --peer llama.cpp
+bench task-dependence --pair $TEXT --suite chat --suite translation --suite summarization --no-floor
+bench long-context --pair $TEXT --suite long-context --peer --repeats 2 --no-floor
+bench peers-speech --pair $SPEECH --suite speech-real --peer faster-whisper
+$PY -m assistgen sweep --pair $TEXT --task chat --text "Write a Python function that checks whether a number is prime." \
+    --over temperature --values 0,0.5,1.0 --repeats 2 --max-new-tokens 64 --out "$OUT/explore-temperature"
+
+# Earlier figures of the same pairs (docs/results.md, below the current ones)
 bench qwen-int8-carried-costs --pair $TEXT --suite code --suite translation --max-new-tokens 128
 bench qwen-int8-tasks-per-row --pair $TEXT --suite summarization --suite translation --suite code --suite chat \
     --suite context --max-new-tokens 128 --peer
