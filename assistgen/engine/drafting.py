@@ -233,9 +233,9 @@ class PaybackGate:
     """Whether to pay the assistant's prompt pass yet: only once the tokens the answer can still be expected to run
     (as many as it has run so far, at most what the budget leaves; at least `PRIOR_ANSWER_TOKENS` where that pass
     costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from
-    lookup alone; then the assistant reads the prompt and the answer so
-    far in one pass (`prefill`). Every figure is measured with `clock` around the draft calls: the time from one
-    draft call's end to the next one's start is the target's pass."""
+    lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`). Every figure is
+    measured with `clock` around the draft calls: the time from one draft call's end to the next one's start is the
+    target's pass."""
 
     def __init__(self, prefill: Callable[[list[int]], None], costs: PaybackCosts, budget: int,
                  clock: Callable[[], float]):
