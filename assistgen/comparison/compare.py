@@ -180,12 +180,16 @@ class Comparison:
 
 def target_numerics(pair: LoadedPair) -> str:
     """The target's dtype, its encoder's where that differs (`models.precision`), and its quantization when
-    bitsandbytes runs it."""
+    bitsandbytes or torch's int8 runs it."""
     dtype = dtype_name(pair.target.model.dtype)
     encoder = encoder_dtype(pair.target.model)
     if encoder is not None:
         dtype += f", encoder {dtype_name(encoder)}"
     quantization = pair.target.spec.quantization
+    if quantization == "w8a8":
+        return "int8 weights, int8 inputs per token (w8a8)"
+    if quantization == "dynamic_int8":
+        return "int8 weights, int8 inputs per pass (dynamic_int8)"
     return f"{dtype}, bitsandbytes {quantization}" if quantization in ("int8", "4bit") else dtype
 
 
@@ -197,6 +201,9 @@ def rounding_caveat(pair: LoadedPair) -> str | None:
     if pair.target.spec.quantization in ("int8", "4bit"):
         return ("bitsandbytes quantizes activations as each pass runs, so a pass over several tokens can round a "
                 "near-tie differently from one-token steps, and the two outputs may then differ")
+    if pair.target.spec.quantization == "dynamic_int8":
+        return ("its inputs are quantized on one scale for the whole pass, so a pass over several tokens can round "
+                "differently from one-token steps, and the two outputs may then differ")
     if dtype in ("float16", "bfloat16"):
         return (f"in {dtype}, verifying several tokens at once rounds differently from one-token steps, so a near-tie "
                 "can go the other way and the two outputs may then differ")

@@ -5,7 +5,7 @@ import inspect
 
 import torch
 
-from . import llama_decoder, whisper_decoder
+from . import attention, llama_decoder, whisper_decoder
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -39,7 +39,8 @@ class CachedDecoder:
     `whisper_decoder.WhisperDecoderStep`, its cross-attention over the clip plus `audio_margin_s` (None: the whole
     window), a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
     arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). The target always runs
-    through transformers' own modules.
+    through transformers' own modules. A model with row-invariant attention reads its prompt in a pass of its own,
+    before the first drafts (`attention.separate_prompt_pass`).
     """
 
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
@@ -66,6 +67,7 @@ class CachedDecoder:
             self._extra["encoder_outputs"] = (encoder_outputs.last_hidden_state.to(self.device),)
         self._input_key = "decoder_input_ids" if config.is_encoder_decoder else "input_ids"
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._prompt_apart = attention.separate_prompt_pass(model)
         gen = getattr(model, "generation_config", None)
         self._suppress = _as_list(getattr(gen, "suppress_tokens", None))
         self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
@@ -102,6 +104,9 @@ class CachedDecoder:
         cached = self._cache.get_seq_length() if self._cache is not None else 0
         if reuse < cached:
             self._cache.crop(reuse - cached)
+        if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
+            first = self._transformers_logits(tokens[:len(tokens) - keep + 1], 0, 1)
+            return torch.cat([first, self._transformers_logits(tokens, len(tokens) - keep + 1, keep - 1)])
         new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
         kwargs = {self._input_key: new, "cache": self._cache, "use_cache": True, **self._extra}
         if self._logits_to_keep:

@@ -15,7 +15,8 @@ from .packs import PackFile, PackPart
 PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
 SOURCES = ("pack", "hub", "local", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8")
+QUANTIZATIONS = ("none", "int8", "4bit", "dynamic_int8", "w8a8")
+TORCH_INT8 = ("dynamic_int8", "w8a8")   # torch's int8 kinds (CPU, `models.quantized`), stored once in the cache
 ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU multiplies it in hardware, else the model's dtype
 PACK_FORMATS = ("gguf", "ct2_whisper")
 DEVICE_TYPES = ("cpu", "cuda")

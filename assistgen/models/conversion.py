@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from . import packed, quantized
-from .catalog import Catalog, ModelSpec
+from .catalog import TORCH_INT8, Catalog, ModelSpec
 from .cpu import onednn_enabled
 from .ct2 import ct2_to_hf
 from .devices import torch_dtype
@@ -62,7 +62,7 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
         return False
     # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
     # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
-    return spec.quantization != "dynamic_int8" or device.type != "cpu" or int8_stored(out_dir, spec)
+    return spec.quantization not in TORCH_INT8 or device.type != "cpu" or int8_stored(out_dir, spec)
 
 
 def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
@@ -116,8 +116,8 @@ def store_packed(model, folder: Path) -> int:
 
 def int8_folder(folder: Path, spec: ModelSpec) -> Path:
     """Where the int8 weights of `spec`, quantized from the float conversion in `folder`, are stored: a decoder-only
-    model (a Whisper's decoder without its encoder) apart from the whole model."""
-    return folder.with_name(f"{folder.name}-{'decoder-' if spec.decoder_only else ''}dynamic_int8")
+    model (a Whisper's decoder without its encoder) apart from the whole model, each quantization apart."""
+    return folder.with_name(f"{folder.name}-{'decoder-' if spec.decoder_only else ''}{spec.quantization}")
 
 
 def int8_stored(folder: Path, spec: ModelSpec) -> bool:
@@ -129,17 +129,19 @@ def int8_stored(folder: Path, spec: ModelSpec) -> bool:
     return quantized.is_stored(int8_folder(folder, spec), source)
 
 
-def dynamic_int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
-    """The model in torch's dynamic int8: from the cache's stored int8 tensors when they were made from this very
-    float conversion; else quantized now and stored (a pack's conversion only: other sources quantize at each load)."""
+def int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
+    """The model in one of torch's int8 kinds (`quantized.LAYERS`): from the cache's stored int8 tensors when they
+    were made from this very float conversion; else quantized now and stored (a pack's conversion only: other sources
+    quantize at each load)."""
+    layer = quantized.LAYERS[spec.quantization]
     marker = folder / CONVERSION_MARKER
     if spec.source != "pack" or not marker.is_file():
-        return quantized.quantize(float_model())
+        return quantized.quantize(float_model(), layer)
     if int8_stored(folder, spec):
         progress(0.85, f"{spec.name}: loading the stored int8 weights")
-        return quantized.load(int8_folder(folder, spec), model_class)
+        return quantized.load(int8_folder(folder, spec), model_class, layer)
     progress(0.85, f"{spec.name}: quantizing to int8 (once; stored in the cache)")
-    model = quantized.quantize(float_model())
+    model = quantized.quantize(float_model(), layer)
     quantized.store(model, int8_folder(folder, spec), json.loads(marker.read_text()))
     return model
 

@@ -15,11 +15,12 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqL
                           AutoProcessor, AutoTokenizer)
 from transformers.utils import logging as hf_logging
 
+from ..engine.attention import use_row_invariant_attention
 from ..engine.encoders import module_tensors, same_tensors
 from . import packed, precision
 from .availability import note_failure
-from .catalog import Catalog, ModelSpec, PairSpec
-from .conversion import Progress, dynamic_int8_model, packed_stored, packs_onednn, weights_folder
+from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
+from .conversion import Progress, int8_model, packed_stored, packs_onednn, weights_folder
 from .cpu import materialize, onednn_enabled, onednn_for_offloaded
 from .devices import default_device, torch_dtype
 from .gguf import load_cached
@@ -192,8 +193,8 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
         if spec.offload_folder:
             kwargs["offload_folder"] = str(cache_dir() / spec.offload_folder / spec.name)
     auto = _auto_class(spec, config)
-    if spec.quantization == "dynamic_int8" and device.type != "cpu":
-        raise LoadError(f"{spec.name}: dynamic_int8 quantization runs on the CPU only; use int8 on CUDA")
+    if spec.quantization in TORCH_INT8 and device.type != "cpu":
+        raise LoadError(f"{spec.name}: {spec.quantization} quantization runs on the CPU only; use int8 on CUDA")
 
     def float_model():
         if (spec.source == "pack" and config.model_type != "whisper" and spec.quantization not in ("int8", "4bit")
@@ -208,8 +209,10 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
         finally:
             hf_logging.set_verbosity(level)
 
-    if spec.quantization == "dynamic_int8":
-        model = dynamic_int8_model(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
+    if spec.quantization in TORCH_INT8:
+        model = int8_model(spec, Path(folder), auto._model_mapping[type(config)], float_model, progress)
+        if spec.quantization == "w8a8":   # row-invariant products: the attention must be too
+            use_row_invariant_attention(model)
     else:
         model = float_model()
     if (getattr(model, "hf_device_map", None) or {}).get("") == "disk":   # accelerate cannot run a model wholly on disk
@@ -221,7 +224,7 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
         tokenizer = processor.tokenizer
     else:
         tokenizer = _shared_tokenizer(Path(folder), AutoTokenizer)
-    if not spec.device_map and spec.quantization not in ("int8", "4bit", "dynamic_int8"):
+    if not spec.device_map and spec.quantization not in ("int8", "4bit", *TORCH_INT8):
         model = model.to(device=device, dtype=dtype)
     return model.eval(), tokenizer, processor
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .catalog import Catalog, ModelSpec
+from .catalog import TORCH_INT8, Catalog, ModelSpec
 from .availability import availability, note_failure
 from .conversion import convert_pack, int8_stored, pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed
 from .devices import default_device
@@ -57,7 +57,7 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
             report((i + min(1.0, fraction)) / len(models), message)
         started = time.perf_counter()
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
-        quantized = spec.quantization == "dynamic_int8" and device.type == "cpu" and not int8_stored(folder, spec)
+        quantized = spec.quantization in TORCH_INT8 and device.type == "cpu" and not int8_stored(folder, spec)
         packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
             load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores

@@ -95,11 +95,60 @@ class Int8Linear(nn.Module):
         weights, each row keeping its scale (`engine.fusing.RowFusable`)."""
         parts = [m.stored() for m in (self, *others)]
         biases = [b if b is not None else torch.zeros(w.shape[0]) for w, _, b in parts]
-        return Int8Linear(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
+        return type(self)(torch.cat([w for w, _, _ in parts]), torch.cat([s for _, s, _ in parts]), torch.cat(biases))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, blocks={len(self._blocks)}, "
                 f"input_bits={7 if self.reduce_range else 8}")
+
+
+class RowInt8Linear(Int8Linear):
+    """`Int8Linear` with each input row quantized to int8 on its own scale (per token), for a target model.
+
+    `Int8Linear` quantizes its whole input on one scale, so a row's result depends on the other rows of the call: a
+    verification pass over k tokens would not give each token what a one-token step gives. Here each row is scaled
+    to whole numbers of at most `levels` (127, or 63 without VNNI) by its own largest magnitude; the products of whole
+    numbers are summed in 32-bit integers, where order cannot change a sum; each output is then scaled back by its
+    row's scale and its weight row's scale, and the bias added. Every step is per row or per element, so the layer is
+    row-invariant: a row's output is the same, bit for bit, whatever rows share the call.
+
+    fbgemm's dynamic linear takes a float input and chooses one scale for all of it from its minimum and maximum: a
+    last row holding -(levels + 1) and levels (`_sentinel`) makes that scale exactly 1, so the whole numbers pass
+    through unchanged."""
+
+    def __init__(self, qweight: torch.Tensor, qscale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(qweight, qscale, None)
+        self.has_bias = bias is not None
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+        self.levels = 63.0 if self.reduce_range else 127.0
+        self._sentinel = torch.zeros(1, self.in_features)
+        self._sentinel[0, 0], self._sentinel[0, 1] = -self.levels - 1, self.levels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(self.levels)
+        whole = torch.cat([torch.div(rows, scale).round_(), self._sentinel])
+        if len(self._blocks) == 1:
+            out = torch.ops.quantized.linear_dynamic(whole, self._blocks[0], reduce_range=self.reduce_range)
+        else:
+            out = torch.cat([torch.ops.quantized.linear_dynamic(whole, block, reduce_range=self.reduce_range)
+                             for block in self._blocks], dim=-1)
+        out = out[:-1].mul_(scale)
+        if self.bias is not None:
+            out = out.add_(self.bias)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        qweight, qscale, _ = super().stored()
+        return qweight, qscale, self.bias
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", inputs=per row"
+
+
+# A quantization's layer class: torch's CPU int8 kinds in models.yaml.
+LAYERS = {"dynamic_int8": Int8Linear, "w8a8": RowInt8Linear}
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,12 +184,12 @@ def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def quantize(model: nn.Module) -> nn.Module:
-    """Every ``nn.Linear`` of a float model as an Int8Linear, in place."""
-    return rebuild(model, tensors_of(model))
+def quantize(model: nn.Module, layer: type[Int8Linear] = Int8Linear) -> nn.Module:
+    """Every ``nn.Linear`` of a float model as an int8 `layer`, in place."""
+    return rebuild(model, tensors_of(model), layer)
 
 
-def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor], layer: type[Int8Linear] = Int8Linear) -> nn.Module:
     """Put `tensors_of`'s tensors into a freshly built float model of the same architecture, in place. The tensors
     are used as they are (not copied): pass tensors in process memory, not views of a memory map."""
     names = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
@@ -155,7 +204,7 @@ def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
     def int8_linear(name: str):
         parent_name, _, child = name.rpartition(".")
         old = getattr(model.get_submodule(parent_name), child)
-        q = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.qscale"], tensors.get(f"{name}.bias"))
+        q = layer(tensors[f"{name}.qweight"], tensors[f"{name}.qscale"], tensors.get(f"{name}.bias"))
         if (q.in_features, q.out_features) != (old.in_features, old.out_features):
             raise ValueError(f"int8 cache does not fit the model at {name}")
         return name, q
@@ -195,12 +244,13 @@ def store(model: nn.Module, out_dir: Path, source: dict) -> Path:
     return build_folder(Path(out_dir), lambda: is_stored(out_dir, source), write)
 
 
-def load(out_dir: Path, model_class) -> nn.Module:
-    """The stored int8 model, its float layers built untouched and filled from the cache."""
+def load(out_dir: Path, model_class, layer: type[Int8Linear] = Int8Linear) -> nn.Module:
+    """The stored int8 model (its linear layers as `layer`), its float layers built untouched and filled from the
+    cache."""
     out_dir = Path(out_dir)
     config = AutoConfig.from_pretrained(out_dir)
     model = empty_model(model_class, config, torch.float32)
-    rebuild(model, _read(out_dir / "model.safetensors"))
+    rebuild(model, _read(out_dir / "model.safetensors"), layer)
     check_filled(model)
     model.generation_config = GenerationConfig.from_pretrained(out_dir)
     model.config._name_or_path = model.name_or_path = str(out_dir)

@@ -19,7 +19,7 @@ from .availability import hub_reachable
 from .catalog import Catalog, ModelSpec, PairSpec
 from .devices import torch_dtype
 
-BYTES_PER_QUANTIZED = {"int8": 1.0, "4bit": 0.5, "dynamic_int8": 1.0}
+BYTES_PER_QUANTIZED = {"int8": 1.0, "4bit": 0.5, "dynamic_int8": 1.0, "w8a8": 1.0}
 
 
 def _header(path: Path) -> dict:

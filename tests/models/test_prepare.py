@@ -39,10 +39,16 @@ packs:
 models:
   tiny-target: {{pack: tiny, dtype: float32}}
   tiny-assistant-int8: {{pack: tiny, dtype: float32, quantization: dynamic_int8}}
+  tiny-target-w8a8: {{pack: tiny, dtype: float32, quantization: w8a8}}
 pairs:
   - name: tiny-pair
     tasks: [chat]
     target: tiny-target
+    assistant: tiny-assistant-int8
+    prompt_style: chat_template
+  - name: tiny-pair-w8a8
+    tasks: [chat]
+    target: tiny-target-w8a8
     assistant: tiny-assistant-int8
     prompt_style: chat_template
 """)
@@ -70,6 +76,23 @@ def test_the_stored_int8_assistant_loads_as_the_one_quantized_at_load(catalog, c
     ids = torch.tensor([[5, 9, 14, 3, 7]])
     with torch.inference_mode():
         assert torch.equal(stored.model(input_ids=ids).logits, fresh(input_ids=ids).logits)
+
+
+def test_a_w8a8_target_is_stored_once_and_loads_row_invariant(catalog, capsys):
+    """Its own int8 folder beside the assistant's, its layers quantizing each input row, its attention row by row."""
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    assert "tiny-target-w8a8: quantized" in capsys.readouterr().out
+    from assistgen.engine.attention import separate_prompt_pass
+    from assistgen.models import quantized
+    cat = load_catalog(path)
+    model = load_model(cat.models["tiny-target-w8a8"], cat).model
+    linears = [m for m in model.modules() if isinstance(m, quantized.Int8Linear)]
+    assert linears and all(isinstance(m, quantized.RowInt8Linear) for m in linears)
+    assert separate_prompt_pass(model)
+    assistant = load_model(cat.models["tiny-assistant-int8"], cat).model
+    assert not any(isinstance(m, quantized.RowInt8Linear) for m in assistant.modules())
+    assert not separate_prompt_pass(assistant)
 
 
 def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
