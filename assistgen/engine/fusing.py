@@ -1,5 +1,6 @@
 """Several linear layers that read the same input as one product: an assistant's query, key and value projections
-(`whisper_decoder`, `llama_decoder`), fused once per attention block."""
+(`whisper_decoder`, `llama_decoder`), fused once per attention block, and its MLP's gate and up projections
+(`llama_decoder`), fused once per MLP."""
 from __future__ import annotations
 
 import weakref
@@ -37,17 +38,26 @@ def fused_linear(linears: list[nn.Module]) -> nn.Module:
     return _Side(linears)   # other kinds (oneDNN-packed, bitsandbytes): each on its own, outputs side by side
 
 
-# Each attention block's fused query/key/value product, made once per model: fusing int8 layers unpacks and repacks
-# them, which costs more than the rest of a step's setup
+# Each block's fused product, made once per model: fusing int8 layers unpacks and repacks them, which costs more than
+# the rest of a step's setup
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def _fused_once(block: nn.Module, names: tuple[str, ...]) -> nn.Module:
+    fused = _FUSED.get(block)
+    if fused is None:
+        fused = _FUSED[block] = fused_linear([getattr(block, name) for name in names])
+    return fused
 
 
 def fused_qkv(attention: nn.Module) -> nn.Module:
     """An attention block's query, key and value projections as one product (`fused_linear`), made once per block."""
-    fused = _FUSED.get(attention)
-    if fused is None:
-        fused = _FUSED[attention] = fused_linear([attention.q_proj, attention.k_proj, attention.v_proj])
-    return fused
+    return _fused_once(attention, ("q_proj", "k_proj", "v_proj"))
+
+
+def fused_gate_up(mlp: nn.Module) -> nn.Module:
+    """A gated MLP's gate and up projections as one product (`fused_linear`), gate first, made once per MLP."""
+    return _fused_once(mlp, ("gate_proj", "up_proj"))
 
 
 class _Side(nn.Module):

@@ -4,7 +4,8 @@ arithmetic as transformers' modules, op for op, as a plain loop over the layers.
 A small assistant's one-token step through `model(...)` spends much of its time in transformers' cache object, masks
 and module calls rather than in its products; this loop gives the same logits, bit for bit, without them. Here:
 
-- the self-attention's query, key and value projections are one product (`fusing.fused_qkv`);
+- the self-attention's query, key and value projections are one product (`fusing.fused_qkv`), and so are the MLP's
+  gate and up projections (`fusing.fused_gate_up`);
 - the keys and values live in one buffer per layer, grown by doubling (each feed says where it starts, so rejected
   drafts are simply written over);
 - no mask for one new token; an explicit causal mask when several are fed at once.
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .fusing import fused_qkv
+from .fusing import fused_gate_up, fused_qkv
 
 FAMILIES = ("llama", "qwen2")
 FIRST_CAPACITY = 256   # positions each layer's key and value buffers hold at first
@@ -59,7 +60,8 @@ class _Layer:
         attention, mlp = layer.self_attn, layer.mlp
         self.qkv = fused_qkv(attention).forward
         self.o_proj = attention.o_proj.forward
-        self.gate, self.up, self.down = mlp.gate_proj.forward, mlp.up_proj.forward, mlp.down_proj.forward
+        self.gate_up, self.down = fused_gate_up(mlp).forward, mlp.down_proj.forward
+        self.intermediate = mlp.gate_proj.out_features
         self.input_norm = _rms_norm(layer.input_layernorm)
         self.post_norm = _rms_norm(layer.post_attention_layernorm)
         self.scaling = attention.scaling
@@ -118,7 +120,8 @@ class LlamaDecoderStep:
             layer.reserve(end)
             hidden = hidden + self._attention(layer, layer.input_norm(hidden), start, end, cos, sin, mask)
             x = layer.post_norm(hidden)
-            hidden = hidden + layer.down(F.silu(layer.gate(x)) * layer.up(x))
+            gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         return self.lm_head(self.final_norm(hidden[:, n - keep:]))[0].float()
 
     def _attention(self, layer: _Layer, x, start: int, end: int, cos, sin, mask) -> torch.Tensor:

@@ -121,13 +121,15 @@ class RowInt8Linear(Int8Linear):
         self.has_bias = bias is not None
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
         self.levels = 63.0 if self.reduce_range else 127.0
-        self._sentinel = torch.zeros(1, self.in_features)
-        self._sentinel[0, 0], self._sentinel[0, 1] = -self.levels - 1, self.levels
+        self._sentinel = torch.zeros(self.in_features)
+        self._sentinel[0], self._sentinel[1] = -self.levels - 1, self.levels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(self.levels)
-        whole = torch.cat([torch.div(rows, scale).round_(), self._sentinel])
+        whole = rows.new_empty(len(rows) + 1, self.in_features)
+        torch.div(rows, scale, out=whole[:-1]).round_()
+        whole[-1] = self._sentinel
         if len(self._blocks) == 1:
             out = torch.ops.quantized.linear_dynamic(whole, self._blocks[0], reduce_range=self.reduce_range)
         else:
