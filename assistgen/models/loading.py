@@ -21,7 +21,7 @@ from . import packed, precision
 from .availability import note_failure
 from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
 from .conversion import Progress, int8_model, packed_stored, packs_onednn, weights_folder
-from .cpu import materialize, onednn_enabled, onednn_for_offloaded
+from .cpu import keep_freed_memory, materialize, onednn_enabled, onednn_for_offloaded
 from .devices import default_device, torch_dtype
 from .gguf import load_cached
 from .packs import PackError, cache_dir
@@ -257,6 +257,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     progress = progress or (lambda fraction, message: None)
     device = device or default_device()
     dtype = torch_dtype(spec.dtype, device)
+    if device.type == "cpu":
+        keep_freed_memory()   # a long prompt's pass reuses its freed blocks instead of page-faulting new ones
     started = time.perf_counter()
     try:
         folder = weights_folder(spec, catalog, device, dtype, progress)
@@ -265,7 +267,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         refusal = precision.apply_encoder_dtype(spec, model, device)   # before packing: a cast layer stays unpacked
         if refusal:
             raise LoadError(refusal)
-        params, nbytes = parameter_count(model, dtype), _count(model)[1]
+        params, nbytes = parameter_count(model, dtype), weight_bytes(model, dtype)   # int8 layers' packed weights too
         onednn = dtype == torch.float32 and onednn_enabled()
         if device.type == "cpu" and spec.quantization == "none":
             if not offloaded(model):

@@ -9,6 +9,7 @@ import torch
 
 from ..comparison.probe import SpeedProbe
 from ..models.loading import weight_bytes
+from ..models.quantized import Int8Linear
 
 VERIFY_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -31,7 +32,9 @@ def floor(pair, bandwidth_gb_s: float) -> dict:
     per_token = pair.target.num_bytes  # counted at load, before linear weights moved into oneDNN's layout
     # The embedding lookup reads one row per token, not the table (unless the output layer shares it).
     embeddings = model.get_input_embeddings()
-    tied = getattr(model.config, "tie_word_embeddings", False)   # the output layer reads the whole table
+    # Tied: the output layer reads the whole table, counted once; an int8 output layer is a copy, counted beside it
+    tied = (getattr(model.config, "tie_word_embeddings", False)
+            and not isinstance(model.get_output_embeddings(), Int8Linear))
     if embeddings is not None and not tied:
         per_token -= embeddings.weight.numel() * embeddings.weight.element_size()
     if model.config.is_encoder_decoder:   # an encoder reads its weights once per input, not once per token

@@ -65,3 +65,25 @@ def test_an_input_the_packed_path_cannot_take_goes_to_the_plain_layer_with_a_not
     with pytest.warns(RuntimeWarning, match="computed by the plain layer"), pytest.raises(RuntimeError) as error:
         packed(wide)
     assert str(error.value) == str(plain.value)
+
+
+def test_freed_blocks_are_kept_for_reuse_unless_turned_off(monkeypatch):
+    """glibc unmaps a freed block over its threshold and maps it afresh, zeroed, for the next pass: the loader raises
+    both thresholds so that a long prompt's activations reuse their memory."""
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value.value))
+            return 1
+    monkeypatch.setattr(cpu.ctypes, "CDLL", lambda name: FakeLibc())
+    cpu.keep_freed_memory.cache_clear()
+    try:
+        monkeypatch.setenv("ASSISTGEN_KEEP_FREED_MEMORY", "0")
+        assert cpu.keep_freed_memory() is False and calls == []
+        cpu.keep_freed_memory.cache_clear()
+        monkeypatch.delenv("ASSISTGEN_KEEP_FREED_MEMORY")
+        assert cpu.keep_freed_memory() is True
+        assert sorted(calls) == [(-3, cpu.KEEP_FREED_BYTES), (-1, cpu.KEEP_FREED_BYTES)]   # mmap, then trim threshold
+    finally:
+        cpu.keep_freed_memory.cache_clear()

@@ -6,10 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from assistgen.tools.bench import read_items
 from assistgen.tools.report import summarize
 
-from helpers import ROOT
+from helpers import CPU_ONLY, ROOT
 
 
 def bench(catalog, out, *args):
@@ -113,6 +115,29 @@ def test_the_floor_counts_every_weight_once_but_only_one_embedding_row():
     result = floor(pair, bandwidth_gb_s=10.0)
     assert result["bytes_per_token"] == nbytes - embedding.numel() * 4
     assert result["floor_ms_per_token"] == round(1000 * result["bytes_per_token"] / 10e9, 2)
+
+
+@CPU_ONLY
+def test_the_floor_of_an_int8_target_counts_its_packed_weights_and_no_embedding_table():
+    from types import SimpleNamespace
+
+    import helpers as tm
+    from assistgen.models import quantized
+    from assistgen.models.loading import weight_bytes
+    from assistgen.tools.passcosts import floor
+    model = tm.llama(0)   # tied: its float output layer reads the whole embedding table at every token
+    embedding = model.get_input_embeddings().weight
+
+    def per_token():
+        nbytes = weight_bytes(model, torch.float32)   # as loading counts it
+        return nbytes, floor(SimpleNamespace(target=SimpleNamespace(model=model, num_bytes=nbytes)), 10.0)
+    nbytes, tied = per_token()
+    assert tied["bytes_per_token"] == nbytes
+    quantized.quantize(model, quantized.RowInt8Linear)   # the output layer gets an int8 copy of the table
+    nbytes, result = per_token()
+    int8 = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, quantized.Int8Linear))
+    assert result["bytes_per_token"] == nbytes - embedding.numel() * 4
+    assert int8 < result["bytes_per_token"] < int8 + embedding.numel()   # one byte a weight, norms beside
 
 
 def test_bench_without_a_token_budget_runs_each_pair_at_its_own(tiny_catalog_path, tmp_path):
