@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from .cpu import PACKED_FOR_ROWS, OneDNNLinear, blob_tensors_available, mkldnn_tensor_from_blob, onednn_available
-from .quantized import Int8Linear
 
 FORMAT_VERSION = 1
 MARKER = "assistgen-onednn.json"
@@ -108,7 +107,7 @@ def use_stored(model: nn.Module, out_dir: Path) -> int:
     for name, entry in layers.items():
         parent_name, _, child_name = name.rpartition(".")
         child = getattr(model.get_submodule(parent_name), child_name)
-        if isinstance(child, Int8Linear) or (isinstance(child, nn.Linear) and child.weight.dtype != torch.float32):
+        if isinstance(child, nn.Linear) and child.weight.dtype != torch.float32:
             continue   # the model keeps this layer in another precision (`precision.cast_encoder`): not packed
         if type(child) is not nn.Linear or list(child.weight.shape) != entry["shape"]:
             raise ValueError(f"packed store does not fit the model at {name}")

@@ -26,7 +26,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from .catalog import ModelSpec
 from .cpu import native_bfloat16
 from .devices import torch_dtype
-from .quantized import RowInt8Linear, full_range_inputs, quantize_weight
 
 ROW_BLOCK = 300   # query rows a block, the fastest of 150, 300 and 750 for Whisper base over 1500 frames (docs/history.md)
 ATTENTION = "assistgen_row_blocks"
@@ -76,21 +75,18 @@ def encoder_dtype_refusal(spec: ModelSpec, model: nn.Module) -> str | None:
     return None
 
 
-def lowers_here(model: nn.Module, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the encoder is cast to `dtype` on this machine: a float32 model wholly in memory on a CPU that
-    multiplies bfloat16 in hardware (for bfloat16), or whose int8 products keep all 8 bits of the inputs (VNNI, for
-    int8). Elsewhere it is left as it is (on a GPU a model's dtype says its precision; emulated bfloat16 is slower than
-    float32, and 7-bit inputs lose accuracy). The catalog already refuses it with quantization or a device map."""
-    native = full_range_inputs() if dtype == torch.int8 else native_bfloat16()
+def lowers_here(model: nn.Module, device: torch.device) -> bool:
+    """Whether the encoder is cast on this machine: a float32 model wholly in memory on a CPU that multiplies
+    bfloat16 in hardware. Elsewhere it is left as it is (on a GPU a model's dtype says its precision; emulated
+    bfloat16 is slower than float32). The catalog already refuses it with quantization or a device map."""
     return (device.type == "cpu" and next(model.parameters()).dtype == torch.float32
-            and not getattr(model, "hf_device_map", None) and native)
+            and not getattr(model, "hf_device_map", None) and native_bfloat16())
 
 
 def cast_encoder(model: nn.Module, dtype: torch.dtype) -> int:
-    """Turn every ``nn.Linear`` of the model's encoder into a LowPrecisionLinear in `dtype` (torch.int8: a
-    `quantized.RowInt8Linear`, weights and each input row in int8), in place, before its layers are packed, and point
-    its attention modules at `row_block_attention` (through a copy of the config, so the decoder's attention is
-    untouched); returns how many layers. A LowPrecisionLinear's parameters keep their names."""
+    """Turn every ``nn.Linear`` of the model's encoder into a LowPrecisionLinear in `dtype`, in place, before its
+    layers are packed, and point its attention modules at `row_block_attention` (through a copy of the config, so
+    the decoder's attention is untouched); returns how many layers. The parameters keep their names."""
     encoder = model.get_encoder()
     config = copy.copy(model.config)
     config._attn_implementation = ATTENTION
@@ -101,10 +97,6 @@ def cast_encoder(model: nn.Module, dtype: torch.dtype) -> int:
     for module in list(encoder.modules()):
         for name, child in list(module.named_children()):
             if type(child) is not nn.Linear:
-                continue
-            if dtype == torch.int8:
-                setattr(module, name, RowInt8Linear(*quantize_weight(child.weight.detach()), child.bias))
-                cast += 1
                 continue
             low = LowPrecisionLinear(child.in_features, child.out_features, bias=child.bias is not None,
                                      device="meta")
@@ -122,20 +114,17 @@ def apply_encoder_dtype(spec: ModelSpec, model: nn.Module, device: torch.device)
     if not spec.encoder_dtype:
         return None
     refusal = encoder_dtype_refusal(spec, model)
-    dtype = torch_dtype(spec.encoder_dtype, device)
-    if refusal is None and lowers_here(model, device, dtype):
-        cast_encoder(model, dtype)
+    if refusal is None and lowers_here(model, device):
+        cast_encoder(model, torch_dtype(spec.encoder_dtype, device))
     return refusal
 
 
 def encoder_dtype(model) -> torch.dtype | None:
-    """The dtype the encoder's linear layers compute in when cast (torch.int8 for int8 ones), else None."""
+    """The dtype the encoder's linear layers compute in when cast, else None."""
     if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return None
     for module in model.get_encoder().modules():
         if isinstance(module, LowPrecisionLinear):
             return module.weight.dtype
-        if isinstance(module, RowInt8Linear):
-            return torch.int8
     return None
 

@@ -125,7 +125,7 @@ class RowInt8Linear(Int8Linear):
         self._sentinel[0], self._sentinel[1] = -self.levels - 1, self.levels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()
+        rows = x.detach().reshape(-1, self.in_features).float()   # inference only: fbgemm's products have no gradient
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(self.levels)
         whole = rows.new_empty(len(rows) + 1, self.in_features)
         torch.div(rows, scale, out=whole[:-1]).round_()

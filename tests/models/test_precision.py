@@ -50,25 +50,6 @@ def test_the_encoder_is_cast_and_the_decoder_is_not():
     assert torch.allclose(after, before, atol=0.05 * before.abs().max().item())
 
 
-@tm.CPU_ONLY
-def test_an_int8_encoder_quantizes_each_linear_layer_and_leaves_the_decoder_alone():
-    from assistgen.models.quantized import RowInt8Linear
-    model = tm.whisper(0).eval()
-    features = tm.whisper_inputs(1)["input_features"]
-    before = _encode(model, features)
-    decoder = {name: p.clone() for name, p in model.model.decoder.named_parameters()}
-    assert precision.cast_encoder(model, torch.int8) == 6 * len(model.model.encoder.layers)
-    assert precision.encoder_dtype(model) == torch.int8
-    encoder = model.model.encoder
-    assert all(type(m) is not nn.Linear for m in encoder.modules())
-    assert sum(isinstance(m, RowInt8Linear) for m in encoder.modules()) == 6 * len(encoder.layers)
-    assert not any(isinstance(m, RowInt8Linear) for m in model.model.decoder.modules())
-    assert all(torch.equal(p, decoder[name]) for name, p in model.model.decoder.named_parameters())
-    after = _encode(model, features)
-    assert after.dtype == torch.float32 and not torch.equal(after, before)
-    assert torch.allclose(after, before, atol=0.1 * before.abs().max().item())
-
-
 @pytest.mark.parametrize("rows", [1, 7, 8, 20])
 def test_row_block_attention_is_attention(monkeypatch, rows):
     monkeypatch.setattr(precision, "ROW_BLOCK", 3)   # blocks of 3 rows: a last block cut short, or a single one
@@ -158,9 +139,6 @@ def test_the_encoder_is_cast_only_on_a_cpu_for_a_float32_model_wholly_in_memory(
     assert not precision.lowers_here(model, cpu)                          # accelerate's hooks hold its layers
     monkeypatch.setattr(precision, "native_bfloat16", lambda: False)      # emulated bfloat16: slower than float32
     assert not precision.lowers_here(tm.whisper(0), cpu)
-    for vnni in (True, False):   # int8 where the inputs keep 8 bits, whatever the bfloat16 support
-        monkeypatch.setattr(precision, "full_range_inputs", lambda: vnni)
-        assert precision.lowers_here(tm.whisper(0), cpu, torch.int8) == vnni
 
 
 @pytest.mark.parametrize("native", [True, False])
