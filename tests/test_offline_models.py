@@ -193,7 +193,7 @@ def test_a_target_mostly_on_disk_decodes_exactly_as_in_memory(real_service):
     inputs = text_inputs(pair, "chat", PROMPTS[0])
     result = compare(pair, "chat", inputs, Settings(max_new_tokens=16))
     assert result.identical
-    in_memory = real_service.pool.pair(CHAT)
+    in_memory = real_service.pool.pair(CHAT_INT8)   # the same float32 target, wholly in memory
     assert result.baseline.new_tokens == compare(in_memory, "chat", inputs, Settings(max_new_tokens=16)).baseline.new_tokens
 
 

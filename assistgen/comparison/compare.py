@@ -187,9 +187,9 @@ def target_numerics(pair: LoadedPair) -> str:
         dtype += f", encoder {dtype_name(encoder)}"
     quantization = pair.target.spec.quantization
     if quantization == "w8a8":
-        return "int8 weights, int8 inputs per token (w8a8)"
+        return "w8a8: int8 weights, int8 inputs per token"
     if quantization == "dynamic_int8":
-        return "int8 weights, int8 inputs per pass (dynamic_int8)"
+        return "dynamic_int8: int8 weights, int8 inputs per pass"
     return f"{dtype}, bitsandbytes {quantization}" if quantization in ("int8", "4bit") else dtype
 
 

@@ -1,6 +1,6 @@
 """Benchmark: does assisted generation pay off for this pair, task and machine, and by how much?
 
-    python -m assistgen bench --pair qwen2.5-coder-1.5b+0.5b-int8 --suite code --suite chat \\
+    python -m assistgen bench --pair qwen2.5-coder-1.5b-w8a8+0.5b-int8 --suite code --suite chat \\
         --temperatures 0,0.7 --schedules heuristic,adaptive --repeats 2 --peer --out results/
 
 Every item (prompt or clip) runs its baseline once per repeat and temperature, then each assisted configuration

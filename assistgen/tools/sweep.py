@@ -1,6 +1,6 @@
 """python -m assistgen sweep: one setting over a few values, baseline then assisted at each, a few times over.
 
-  python -m assistgen sweep --pair qwen2.5-coder-1.5b+0.5b-int8 --task chat --text "Write a haiku about tea." \
+  python -m assistgen sweep --pair qwen2.5-coder-1.5b-w8a8+0.5b-int8 --task chat --text "Write a haiku about tea." \
       --over temperature --values 0,0.5,1.0 --repeats 2 --max-new-tokens 64 --out results/
 
 Each run is a full comparison (warm-up, speed probes before, between and after, the same warnings as `compare`).

@@ -7,15 +7,21 @@ export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-bench/results}
 bench() { name=$1; shift; $PY -m assistgen bench --out "$OUT/$name" "$@"; }
-TEXT=qwen2.5-coder-1.5b+0.5b-int8
+DEFAULT=qwen2.5-coder-1.5b-w8a8+0.5b-int8
+TEXT=qwen2.5-coder-1.5b+0.5b-int8   # the same assistant for the float32 target
 SPEECH=whisper-base+decoder-int8
 
 # The results table of the README: the default pairs at their defaults, with the peers on the same weights
 # (pip install -r requirements-peers.txt; bash bench/scripts/build_llama_server.sh; export ASSISTGEN_LLAMA_SERVER=...)
+bench peers-code-w8a8 --pair $DEFAULT --suite code --peer llama.cpp --repeats 2
+bench tasks-w8a8 --pair $DEFAULT --suite chat --suite translation --suite summarization --no-floor
+bench long-context-w8a8 --pair $DEFAULT --suite long-context --peer --repeats 2 --no-floor
+bench peers-speech --pair $SPEECH --suite speech-real --peer faster-whisper
+
+# The float32 target, the same day (docs/results.md)
 bench peers-code --pair $TEXT --suite code --peer llama.cpp
 bench task-dependence --pair $TEXT --suite chat --suite translation --suite summarization --no-floor
 bench long-context --pair $TEXT --suite long-context --peer --repeats 2 --no-floor
-bench peers-speech --pair $SPEECH --suite speech-real --peer faster-whisper
 $PY -m assistgen sweep --pair $TEXT --task chat --text "Write a Python function that checks whether a number is prime." \
     --over temperature --values 0,0.5,1.0 --repeats 2 --max-new-tokens 64 --out "$OUT/explore-temperature"
 
