@@ -89,6 +89,18 @@ def keep_freed_memory() -> bool:
     return all(mallopt(param, ctypes.c_int(KEEP_FREED_BYTES)) == 1 for param in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD))
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free memory back to the kernel (glibc's ``malloc_trim``), where freed blocks are kept for
+    reuse: after a model is evicted or loaded, its freed weights and load-time copies would otherwise stay in the
+    process. A pass's activations are freed and reused within the pass, so this costs the next pass nothing."""
+    if not keep_freed_memory():
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def onednn_enabled() -> bool:
     """Whether CPU fp32 models run oneDNN's linear layers: on unless ASSISTGEN_ONEDNN=0 (to compare with MKL's)."""
     return os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"

@@ -21,7 +21,7 @@ from . import packed, precision
 from .availability import note_failure
 from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
 from .conversion import Progress, int8_model, packed_stored, packs_onednn, weights_folder
-from .cpu import keep_freed_memory, materialize, onednn_enabled, onednn_for_offloaded
+from .cpu import keep_freed_memory, materialize, onednn_enabled, onednn_for_offloaded, release_freed_memory
 from .devices import default_device, torch_dtype
 from .gguf import load_cached
 from .packs import PackError, cache_dir
@@ -290,6 +290,8 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
         if spec.source == "hub":
             note_failure(spec.name, f"{spec.location}: cannot be fetched from the hub ({reason})")
         raise LoadError(f"{spec.name}: {reason}") from None
+    if device.type == "cpu":
+        release_freed_memory()   # the load's own copies (the float model an int8 one is quantized from, say)
     progress(1.0, f"{spec.name}: ready")
     return LoadedModel(spec, model, tokenizer, processor, params, nbytes, time.perf_counter() - started,
                        folder=folder)

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from .catalog import Catalog, ModelSpec, PairSpec
+from .cpu import release_freed_memory
 from .devices import default_device, memory_bytes
 from .loading import LoadedModel, LoadedPair, Progress, check_pair
 from .prepare import load_prepared
@@ -58,10 +59,14 @@ class ModelPool:
                 if self.resident_bytes + need <= self.budget_bytes:
                     break
                 if name not in keep:
-                    del self._models[name]
+                    gone = self._models.pop(name)
                     evicted = True
+                    # a checked pair holds its models: dropped with them, or the evicted weights stay in memory
+                    self._checked = {k: v for k, v in self._checked.items()
+                                     if gone not in (v.target, v.assistant)}
         if evicted:  # a full collection walks every live object: a third of a second with a pair loaded
             gc.collect()
+            release_freed_memory()
 
     def model(self, spec: ModelSpec, progress: Progress | None = None, *, keep: set[str] = frozenset()) -> LoadedModel:
         with self._lock:

@@ -85,5 +85,9 @@ def test_freed_blocks_are_kept_for_reuse_unless_turned_off(monkeypatch):
         monkeypatch.delenv("ASSISTGEN_KEEP_FREED_MEMORY")
         assert cpu.keep_freed_memory() is True
         assert sorted(calls) == [(-3, cpu.KEEP_FREED_BYTES), (-1, cpu.KEEP_FREED_BYTES)]   # mmap, then trim threshold
+        trims = []
+        FakeLibc.malloc_trim = lambda self, pad: trims.append(pad)
+        cpu.release_freed_memory()   # what an eviction or a load then does: the heap's free memory handed back
+        assert trims == [0]
     finally:
         cpu.keep_freed_memory.cache_clear()

@@ -99,6 +99,23 @@ def test_pool_evicts_least_recently_used_within_the_budget(catalog):
     assert loader.loads.count("tiny-text-target") == 1
 
 
+def test_an_evicted_pair_lets_its_models_go(catalog):
+    """The pool remembers each checked pair; an evicted model must leave that memory too, or its weights stay."""
+    import gc
+    import weakref
+    loader = FakeLoader({"tiny-text-target": 40, "tiny-text-assistant": 20, "tiny-speech-target": 40,
+                         "tiny-speech-assistant": 20})
+    pool = ModelPool(catalog, budget_bytes=100, loader=loader)
+    text = pool.pair("tiny-text")
+    gone = weakref.ref(text.target.model)
+    del text
+    pool.pair("tiny-speech")
+    pool.model(catalog.models["tiny-text-assistant"])   # 120 > 100: the text target, least recently used, goes
+    assert "tiny-text-target" not in pool.resident()
+    gc.collect()
+    assert gone() is None
+
+
 def test_pool_keeps_the_pair_it_is_loading_even_over_budget(catalog):
     loader = FakeLoader({"tiny-text-target": 80, "tiny-text-assistant": 50})
     pool = ModelPool(catalog, budget_bytes=100, loader=loader)
