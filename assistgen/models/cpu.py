@@ -93,12 +93,8 @@ def release_freed_memory() -> None:
     """Hand the heap's free memory back to the kernel (glibc's ``malloc_trim``), where freed blocks are kept for
     reuse: after a model is evicted or loaded, its freed weights and load-time copies would otherwise stay in the
     process. A pass's activations are freed and reused within the pass, so this costs the next pass nothing."""
-    if not keep_freed_memory():
-        return
-    try:
+    if keep_freed_memory():   # glibc's, then: it took the thresholds
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def onednn_enabled() -> bool:

@@ -109,3 +109,8 @@ def test_an_int8_model_counts_its_linear_weights_among_its_parameters():
     int8 = quantized.quantize(model)
     assert _count(int8)[0] < floats // 2          # what parameters() alone sees
     assert parameter_count(int8, torch.float32) == floats
+
+
+def test_every_torch_int8_kind_the_catalog_accepts_has_its_layer():
+    from assistgen.models.catalog import QUANTIZATIONS, TORCH_INT8
+    assert set(TORCH_INT8) == set(quantized.LAYERS) and set(TORCH_INT8) <= set(QUANTIZATIONS)
