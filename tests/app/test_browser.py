@@ -129,6 +129,7 @@ def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(b
 
 
 def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
+    playwright = pytest.importorskip("playwright.sync_api")
     url, _ = tiny_app
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     page.goto(url)
@@ -146,10 +147,13 @@ def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
     assert [row.split()[0] for row in rows] == ["0.0", "1.0"], rows   # every point, in order
     assert "all" in rows[0]   # greedy: the assisted output identical to its baseline
     assert page.locator("#explore-plot img, #explore-plot canvas, #explore-plot svg").count() > 0
-    assert not page.locator("#explore-stop").is_visible()
+    # Stop goes away once the handler has ended, in an update of its own just after the last point
+    playwright.expect(page.locator("#explore-stop")).to_be_hidden(timeout=10_000)
+    playwright.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
 
 
 def test_explore_stop_ends_the_sweep_at_once_and_keeps_the_finished_points(browser, tiny_app, monkeypatch):
+    playwright = pytest.importorskip("playwright.sync_api")
     url, service = tiny_app
     pair = service.pool.pair("tiny-text")
     monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
@@ -175,4 +179,5 @@ def test_explore_stop_ends_the_sweep_at_once_and_keeps_the_finished_points(brows
     rows = [line for line in page.locator("#explore-table").inner_text().splitlines() if "\t" in line][1:]
     assert len(rows) == done, rows   # the finished points, and no partly-run one
     assert not page.locator("#explore-stop").is_visible()
-    assert page.locator("#explore-run").is_enabled()
+    # Run comes back once the handler has ended, in an update of its own just after the stopped message
+    playwright.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
