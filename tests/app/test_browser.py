@@ -6,6 +6,7 @@ import pytest
 from helpers import runaway
 
 pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api")   # every test here drives the browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
@@ -13,10 +14,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright = pytest.importorskip("playwright.sync_api")
     if not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM):
         pytest.skip("Debian chromium is not installed")
-    with playwright.sync_playwright() as p:
+    with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
         b.close()
@@ -129,7 +129,6 @@ def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(b
 
 
 def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
-    playwright = pytest.importorskip("playwright.sync_api")
     url, _ = tiny_app
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     page.goto(url)
@@ -148,12 +147,11 @@ def test_explore_runs_a_sweep_and_shows_every_point(browser, tiny_app):
     assert "all" in rows[0]   # greedy: the assisted output identical to its baseline
     assert page.locator("#explore-plot img, #explore-plot canvas, #explore-plot svg").count() > 0
     # Stop goes away once the handler has ended, in an update of its own just after the last point
-    playwright.expect(page.locator("#explore-stop")).to_be_hidden(timeout=10_000)
-    playwright.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
+    sync_api.expect(page.locator("#explore-stop")).to_be_hidden(timeout=10_000)
+    sync_api.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
 
 
 def test_explore_stop_ends_the_sweep_at_once_and_keeps_the_finished_points(browser, tiny_app, monkeypatch):
-    playwright = pytest.importorskip("playwright.sync_api")
     url, service = tiny_app
     pair = service.pool.pair("tiny-text")
     monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.01))
@@ -180,4 +178,4 @@ def test_explore_stop_ends_the_sweep_at_once_and_keeps_the_finished_points(brows
     assert len(rows) == done, rows   # the finished points, and no partly-run one
     assert not page.locator("#explore-stop").is_visible()
     # Run comes back once the handler has ended, in an update of its own just after the stopped message
-    playwright.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
+    sync_api.expect(page.locator("#explore-run")).to_be_enabled(timeout=10_000)
