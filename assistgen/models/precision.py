@@ -5,12 +5,15 @@ Whisper's encoder runs the same work over the 1500 frames of every 30 s window, 
 compute-bound at the CPU's float32 rate and is most of a short clip's latency, the same in both columns. A CPU that
 multiplies bfloat16 in hardware does those products at twice the rate. The recipe is autocast's, made once at load:
 each linear layer of the encoder keeps its weights in bfloat16 and casts its input to them, so every product and the
-attention between them run in bfloat16 with float32 accumulation; the convolutions at the input, the positional
-embedding, the residual stream, the layer norms and so the encoder's output stay in float32. The attention runs in
-blocks of query rows (`row_block_attention`), where torch's fused CPU attention gains nothing from bfloat16.
+attention between them run in bfloat16 with float32 accumulation; the first convolution (over the mel features), the
+positional embedding, the residual stream, the layer norms and so the encoder's output stay in float32. The attention
+runs in blocks of query rows (`row_block_attention`), where torch's fused CPU attention gains nothing from bfloat16.
+Two more products read only encoder-side data over all 1500 frames and run in bfloat16 too, their outputs in float32:
+the second convolution, and the decoder's cross-attention key and value projections, made once per input (together
+about a tenth of the encoder's time in float32).
 
-The decoder stays in float32: it chooses every token, and its verification passes must compute each position as its
-one-token steps do. Both columns read the same encoder, so assisted output stays identical to the baseline's; the
+The decoder's passes stay in float32: they choose every token, and a verification pass must compute each position as
+the one-token steps do (the cross-attention keys and values are the same for every pass and position). Both columns read the same encoder, so assisted output stays identical to the baseline's; the
 transcript itself can differ from an all-float32 encoder's where the model hesitates. Figures: docs/results.md (the
 default speech pair) and bench/results/whisper-bf16-encoder.
 """
@@ -37,6 +40,23 @@ class LowPrecisionLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+class EncoderSideLinear(LowPrecisionLinear):
+    """A decoder's cross-attention key or value projection, which reads only the encoder's output, computed in the
+    lower precision like the encoder's own products, its output returned in the input's precision: the keys and
+    values are made once per input, and every decoder pass then attends to them in float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).to(x.dtype)
+
+
+class LowPrecisionConv1d(nn.Conv1d):
+    """A convolution whose weights are in a lower precision: its input is cast to them, its output back to the
+    input's precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
 def row_block_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -83,10 +103,32 @@ def lowers_here(model: nn.Module, device: torch.device) -> bool:
             and not getattr(model, "hf_device_map", None) and native_bfloat16())
 
 
+def _lowered_linear(child: nn.Linear, dtype: torch.dtype, kind: type[LowPrecisionLinear]) -> LowPrecisionLinear:
+    low = kind(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+    low.weight = nn.Parameter(child.weight.detach().to(dtype), requires_grad=False)
+    if child.bias is not None:
+        low.bias = nn.Parameter(child.bias.detach().to(dtype), requires_grad=False)
+    return low
+
+
+def _lowered_conv(conv: nn.Conv1d, dtype: torch.dtype) -> LowPrecisionConv1d:
+    low = LowPrecisionConv1d(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+                             padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+                             bias=conv.bias is not None, device="meta")
+    low.weight = nn.Parameter(conv.weight.detach().to(dtype), requires_grad=False)
+    if conv.bias is not None:
+        low.bias = nn.Parameter(conv.bias.detach().to(dtype), requires_grad=False)
+    return low
+
+
 def cast_encoder(model: nn.Module, dtype: torch.dtype) -> int:
     """Turn every ``nn.Linear`` of the model's encoder into a LowPrecisionLinear in `dtype`, in place, before its
     layers are packed, and point its attention modules at `row_block_attention` (through a copy of the config, so
-    the decoder's attention is untouched); returns how many layers. The parameters keep their names."""
+    the decoder's attention is untouched). The encoder's second
+    convolution (over the first one's 512-wide output; the first reads the mel features) and the decoder's
+    cross-attention key and value projections (which read only the encoder's output, once per input) compute in
+    `dtype` too, their outputs in float32 (`LowPrecisionConv1d`, `EncoderSideLinear`). Returns how many linear
+    layers were cast, the decoder's included. The parameters keep their names."""
     encoder = model.get_encoder()
     config = copy.copy(model.config)
     config._attn_implementation = ATTENTION
@@ -96,15 +138,17 @@ def cast_encoder(model: nn.Module, dtype: torch.dtype) -> int:
     cast = 0
     for module in list(encoder.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is not nn.Linear:
-                continue
-            low = LowPrecisionLinear(child.in_features, child.out_features, bias=child.bias is not None,
-                                     device="meta")
-            low.weight = nn.Parameter(child.weight.detach().to(dtype), requires_grad=False)
-            if child.bias is not None:
-                low.bias = nn.Parameter(child.bias.detach().to(dtype), requires_grad=False)
-            setattr(module, name, low)
-            cast += 1
+            if type(child) is nn.Linear:
+                setattr(module, name, _lowered_linear(child, dtype, LowPrecisionLinear))
+                cast += 1
+    if type(getattr(encoder, "conv2", None)) is nn.Conv1d:
+        encoder.conv2 = _lowered_conv(encoder.conv2, dtype)
+    for layer in getattr(model.model.decoder, "layers", []):
+        cross = layer.encoder_attn
+        for name in ("k_proj", "v_proj"):
+            if type(getattr(cross, name)) is nn.Linear:
+                setattr(cross, name, _lowered_linear(getattr(cross, name), dtype, EncoderSideLinear))
+                cast += 1
     return cast
 
 

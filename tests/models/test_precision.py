@@ -30,19 +30,35 @@ def test_the_encoder_is_cast_and_the_decoder_is_not():
     names = [name for name, _ in model.named_parameters()]
     decoder = {name: p.clone() for name, p in model.model.decoder.named_parameters()}
     assert precision.encoder_dtype(model) is None
+    h = torch.randn(1, 9, model.config.d_model)
+    with torch.inference_mode():
+        cross_before = model.model.decoder.layers[0].encoder_attn.v_proj(h)
 
-    assert precision.cast_encoder(model, torch.bfloat16) == 6 * len(model.model.encoder.layers)   # q k v o, fc1 fc2
+    encoder_layers, decoder_layers = len(model.model.encoder.layers), len(model.model.decoder.layers)
+    assert precision.cast_encoder(model, torch.bfloat16) == 6 * encoder_layers + 2 * decoder_layers   # q k v o, fc1
+    # fc2 in the encoder; the cross-attention's k and v in the decoder
     assert precision.encoder_dtype(model) == torch.bfloat16
     assert [name for name, _ in model.named_parameters()] == names        # stored weights still find their layers
     assert model.dtype == torch.float32                                  # what the rest of the code reads
     encoder = model.model.encoder
     assert all(type(m) is not nn.Linear for m in encoder.modules())
     assert encoder.conv1.weight.dtype == encoder.layer_norm.weight.dtype == torch.float32
+    assert type(encoder.conv2) is precision.LowPrecisionConv1d and encoder.conv2.weight.dtype == torch.bfloat16
     assert encoder.layers[0].self_attn.config._attn_implementation == precision.ATTENTION
-    assert all(type(m) is nn.Linear and m.weight.dtype == torch.float32
-               for m in model.model.decoder.modules() if isinstance(m, nn.Linear))
+    cross = {f"{i}.encoder_attn.{p}" for i in range(decoder_layers) for p in ("k_proj", "v_proj")}
+    for name, m in model.model.decoder.layers.named_modules():
+        if isinstance(m, nn.Linear):
+            lowered = name in cross
+            assert type(m) is (precision.EncoderSideLinear if lowered else nn.Linear), name
+            assert m.weight.dtype == (torch.bfloat16 if lowered else torch.float32), name
     assert model.model.decoder.layers[0].self_attn.config._attn_implementation != precision.ATTENTION
-    assert all(torch.equal(p, decoder[name]) for name, p in model.model.decoder.named_parameters())
+    assert all(torch.equal(p, decoder[name].to(p.dtype)) and (p.dtype == torch.float32 or ".encoder_attn.k_proj." in
+                                                              name or ".encoder_attn.v_proj." in name)
+               for name, p in model.model.decoder.named_parameters())
+    with torch.inference_mode():
+        cross_after = model.model.decoder.layers[0].encoder_attn.v_proj(h)
+    assert cross_after.dtype == torch.float32 and not torch.equal(cross_after, cross_before)   # computed in bfloat16
+    assert torch.allclose(cross_after, cross_before, atol=0.02 * cross_before.abs().max().item())
 
     after = _encode(model, features)
     assert after.dtype == torch.float32
