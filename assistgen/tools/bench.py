@@ -12,6 +12,10 @@ run is also set against the first pair's baseline. --verify-curve times verify(k
 as a temperature sweep runs them (`comparison.sweep`: the same order, settings and seeds), and each temperature's
 figures are the sweep's (`point_figures`, through `report.summarize`).
 
+Defaults are chosen on one half of every set and reported on the other: --half tuning runs each set's 1st, 3rd,
+5th... items (results.md then ranks our configurations, every suite counting once), --half held-out its 2nd, 4th...
+items; --num-assistant-tokens 3,5,8 adds the initial window to what is compared.
+
 Writes results.json (every run and the summary), results.md (tables) and PNG plots into --out, and runs.jsonl
 line by line while it runs. Timings are figures to read, never asserts.
 """
@@ -51,6 +55,7 @@ from .report import markdown, plots, summarize
 from .terminal import CliError, load_pair, progress_bar
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
+HALVES = ("tuning", "held-out")   # each set's odd-numbered items, its even-numbered ones (`half`)
 # Built-in suites: name -> (task, prompts file or audio folder in the inputs folder, bench/inputs in this repository)
 SUITES = {"code": ("chat", "code_prompts.txt"), "chat": ("chat", "chat_prompts.txt"),
           "context": ("chat", "context_prompts.txt"), "long-context": ("chat", "long_context_prompts.jsonl"),
@@ -75,6 +80,7 @@ class Config:
     engine: str          # "assistgen", "transformers", or a peer engine ("llama.cpp", "faster-whisper": tools.peers)
     draft_source: str | None   # None for the baseline, else one of choices.DRAFT_SOURCES
     schedule: str | None       # None for the baseline; a peer engine's variant ("plain", "int8", ...)
+    window: int | None = None  # the initial window, where a run compares several (else the run's one window)
 
     @property
     def label(self) -> str:
@@ -85,7 +91,7 @@ class Config:
         if self.engine == "transformers":
             return f"transformers {self.schedule}"
         prefix = {"assistant": "", "assistant_lookup": "assistant + lookup ", "prompt_lookup": "prompt lookup "}
-        return prefix[self.draft_source] + self.schedule
+        return prefix[self.draft_source] + self.schedule + ("" if self.window is None else f", window {self.window}")
 
 
 BASELINE = Config("assistgen", None, None)
@@ -117,6 +123,17 @@ def read_items(suite: str, task: str, source: Path, limit: int | None = None) ->
     if not items:
         raise ValueError(f"{source} holds no prompts")
     return items[:limit] if limit else items
+
+
+def half(items: list[Item], which: str | None) -> list[Item]:
+    """One set's tuning half (its 1st, 3rd, 5th... items) or held-out half (its 2nd, 4th...), or all of it (None).
+    Defaults are chosen on the tuning half and reported on the held-out half, so that a reported figure never comes
+    from the items it was tuned on; items added at the end of a set leave the earlier ones in their halves."""
+    if which is None:
+        return items
+    if which not in HALVES:
+        raise ValueError(f"half must be one of {', '.join(HALVES)}, got {which!r}")
+    return items[HALVES.index(which)::2]
 
 
 def builtin_items(suite: str, inputs: Path, limit: int | None = None) -> list[Item]:
@@ -246,16 +263,17 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
 # --- the loop -------------------------------------------------------------------------------------------------------
 
 def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | None, peer: bool,
-                peers: dict | None = None) -> list[Config]:
-    """The baseline, then each draft source with each schedule (the pair's own when None), transformers' peer, and
-    each variant of each peer engine (`peers`, by engine)."""
+                peers: dict | None = None, windows: list[int] | None = None) -> list[Config]:
+    """The baseline, then each draft source with each schedule (the pair's own when None) and, where several are
+    given, each initial window, transformers' peer, and each variant of each peer engine (`peers`, by engine)."""
     schedules = schedules or [pair.spec.schedule]
     draft_sources = draft_sources or [pair.spec.draft_source]
+    windows = windows if windows and len(windows) > 1 else [None]
     configs = [BASELINE]
     for source in draft_sources:
         if source in ("assistant", "assistant_lookup") and not pair.assistant_usable:
             continue
-        configs += [Config("assistgen", source, schedule) for schedule in schedules]
+        configs += [Config("assistgen", source, schedule, window) for schedule in schedules for window in windows]
     if peer and pair.assistant_usable and any(s != "prompt_lookup" for s in draft_sources):
         # transformers has no "adaptive" schedule: its peer runs the seed's heuristic (5 tokens) and its own defaults
         # (20 tokens, constant, confidence threshold 0.4)
@@ -284,11 +302,14 @@ def timed_inputs(pair, item: Item) -> tuple:
 
 def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
               schedules: list[str] | None, repeats: int, max_new_tokens: int | None,
-              num_assistant_tokens: int | None = None,
+              num_assistant_tokens: int | list[int] | None = None,
               peer: bool = False, peers: list[dict] | None = None, progress=None, log=None) -> list[dict]:
     """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
-    per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it. `peers`: for each pair, its
-    peer engines' adapters by engine (`tools.peers`), run on the same items, interleaved with ours."""
+    per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it. `num_assistant_tokens`: the
+    initial window, or several, each then a configuration of its own; None: each pair's own. `peers`: for each pair,
+    its peer engines' adapters by engine (`tools.peers`), run on the same items, interleaved with ours."""
+    windows = num_assistant_tokens if isinstance(num_assistant_tokens, list) else (
+        None if num_assistant_tokens is None else [num_assistant_tokens])
     pairs = pairs if isinstance(pairs, (list, tuple)) else [pairs]
     peers = peers or [{} for _ in pairs]
     timed = [(item, [timed_inputs(pair, item) for pair in pairs]) for item in items]
@@ -302,7 +323,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
     # the sweep's own order over temperatures (repeat by repeat, each temperature once per repeat), item by item
     plan = [(repeat, temperature, item, inputs) for repeat, temperature in sweep_plan(temperatures, repeats)
             for item, inputs in prepared]
-    configs = [configs_for(pair, draft_sources, schedules, peer, peers[p]) for p, pair in enumerate(pairs)]
+    configs = [configs_for(pair, draft_sources, schedules, peer, peers[p], windows) for p, pair in enumerate(pairs)]
     total = len(plan) * sum(len(c) for c in configs)
     rows, done = [], 0
     for n, (repeat, temperature, item, inputs) in enumerate(plan):
@@ -312,7 +333,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
             for config in own[n % len(own):] + own[:n % len(own)]:
                 base = request_settings(pair.spec, max_new_tokens=max_new_tokens,
                                         draft_source=config.draft_source or "assistant",
-                                        num_assistant_tokens=num_assistant_tokens,
+                                        num_assistant_tokens=config.window or (windows[0] if windows else None),
                                         schedule=config.schedule if config.schedule in SCHEDULE_NAMES else "heuristic")
                 settings = point_settings(base, "temperature", temperature, repeat)   # as a temperature sweep sets it
                 try:
@@ -355,6 +376,16 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one whole number")
+    return list(dict.fromkeys(values))
+
+
 def _names(choices):
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
@@ -378,7 +409,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--audio-dir", action="append", default=[], metavar="DIR", help="a folder of clips (task asr)")
     p.add_argument("--task", default="chat", choices=TEXT_TASKS,
                    help="task for --prompts (default chat)")
-    p.add_argument("--limit", type=int, help="at most this many items per set")
+    p.add_argument("--limit", type=int, help="at most this many items per set (of its half, with --half)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="per run (a recording: per 30 s window); default: each pair's own, as in the app")
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
@@ -386,8 +417,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated, of " + ", ".join(DRAFT_SOURCES) + " (default: each pair's own)")
     p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=None,
                    help="comma-separated (default: each pair's own, from models.yaml, as the app runs it)")
-    p.add_argument("--num-assistant-tokens", type=int, default=None,
-                   help="the initial window (default: each pair's own)")
+    p.add_argument("--num-assistant-tokens", type=_ints, default=None,
+                   help="the initial window, or several comma-separated, each then a configuration of its own "
+                        "(default: each pair's own)")
+    p.add_argument("--half", choices=HALVES, default=None,
+                   help="only each set's tuning half (its 1st, 3rd... items) or held-out half (2nd, 4th...): choose "
+                        "defaults on the first, report on the second (default: every item)")
     p.add_argument("--repeats", type=int, default=1, help="runs of every item and configuration (default 1)")
     p.add_argument("--peer", action="append", nargs="?", const="transformers", default=[],
                    choices=("transformers",) + tuple(PEERS), metavar="ENGINE",
@@ -404,9 +439,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _items(args, specs) -> list[Item]:
-    items = [i for suite in args.suite for i in builtin_items(suite, Path(args.inputs), args.limit)]
-    items += [i for f in args.prompts for i in read_items(Path(f).stem, args.task, Path(f), args.limit)]
-    items += [i for d in args.audio_dir for i in read_items(Path(d).name, "asr", Path(d), args.limit)]
+    sets = [builtin_items(suite, Path(args.inputs)) for suite in args.suite]
+    sets += [read_items(Path(f).stem, args.task, Path(f)) for f in args.prompts]
+    sets += [read_items(Path(d).name, "asr", Path(d)) for d in args.audio_dir]
+    items = [i for one in sets for i in half(one, args.half)[:args.limit]]
     if not items:
         raise ValueError("nothing to run: give --suite, --prompts or --audio-dir")
     for spec in specs:
@@ -416,7 +452,8 @@ def _items(args, specs) -> list[Item]:
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
     for spec in specs:   # the settings every run shares, checked as the page checks them
-        request_settings(spec, max_new_tokens=args.max_new_tokens, num_assistant_tokens=args.num_assistant_tokens)
+        for window in args.num_assistant_tokens or [None]:
+            request_settings(spec, max_new_tokens=args.max_new_tokens, num_assistant_tokens=window)
     return items
 
 
@@ -472,7 +509,7 @@ def _run(args, *, out: Path, specs, items, pairs, peers) -> int:
             "dtype": dtype_name(first.target.model.dtype),
             "target_numerics": {p.spec.name: target_numerics(p) for p in pairs},
             "max_new_tokens": args.max_new_tokens or {spec.name: spec.max_new_tokens for spec in specs},
-            "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "repeats": args.repeats, "date": time.strftime("%Y-%m-%d %H:%M"), "half": args.half,
             "items": {i.name: i.text or i.audio for i in items},
             # whether a first adaptive run starts from what an earlier process measured (comparison.schedule_store)
             "stored_schedules": {p.spec.name: bool((path := schedule_store.store_path(p)) and path.is_file())

@@ -1,6 +1,7 @@
 """The benchmark's runs turned into a summary, Markdown tables and PNG plots (figures to read, never asserts)."""
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -64,6 +65,52 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def ranking(summary: list[dict]) -> list[dict]:
+    """Our assisted configurations of each pair and temperature, best first, by the geometric mean over suites of each
+    suite's median speedup: every task counts once, however many items its suite holds. A configuration whose greedy
+    output ever differed from the baseline's comes last, whatever its speed."""
+    groups: dict[tuple, dict[str, float]] = {}
+    identical: dict[tuple, list[float]] = {}
+    for s in summary:
+        if s.get("engine", "assistgen") != "assistgen" or s["config"] == "baseline" or not s.get("speedup"):
+            continue
+        key = (s["pair"], s["temperature"], s["config"])
+        groups.setdefault(key, {})[s["suite"]] = s["speedup"]
+        if s.get("identical_share") is not None:
+            identical.setdefault(key, []).append(s["identical_share"])
+    ranked = []
+    for (pair, temperature, config), by_suite in groups.items():
+        exact = all(share == 1.0 for share in identical.get((pair, temperature, config), []))
+        ranked.append({"pair": pair, "temperature": temperature, "config": config, "by_suite": by_suite,
+                       "geomean": math.exp(statistics.fmean(math.log(v) for v in by_suite.values())),
+                       "worst": min(by_suite.values()), "exact": exact})
+    return sorted(ranked, key=lambda r: (r["pair"] or "", r["temperature"], not r["exact"], -r["geomean"]))
+
+
+def _choosing(meta: dict, summary: list[dict]) -> list[str]:
+    """The ranking (`ranking`) as a table, where a pair ran more than one of our assisted configurations."""
+    ranked = ranking(summary)
+    counts: dict[tuple, int] = {}
+    for r in ranked:
+        counts[(r["pair"], r["temperature"])] = counts.get((r["pair"], r["temperature"]), 0) + 1
+    ranked = [r for r in ranked if counts[(r["pair"], r["temperature"])] > 1]
+    if not ranked:
+        return []
+    suites = list(dict.fromkeys(suite for r in ranked for suite in r["by_suite"]))
+    half = meta.get("half")
+    lines = ["", "## Choosing a default", "",
+             "Our assisted configurations, best first: the geometric mean over suites of each suite's median speedup "
+             "(every task counts once), then the worst suite's. A configuration whose greedy output ever differed "
+             "from the baseline's comes last." + (f" Items: each set's {half} half." if half else ""), "",
+             "| pair | temp | configuration | " + " | ".join(suites) + " | geometric mean | worst | exact |",
+             "|---|---|---|" + "---|" * len(suites) + "---|---|---|"]
+    for r in ranked:
+        lines.append(f"| {r['pair']} | {r['temperature']:g} | {r['config']} | "
+                     + " | ".join(f"{_dash(r['by_suite'].get(suite))}×" for suite in suites)
+                     + f" | **{_dash(r['geomean'])}×** | {_dash(r['worst'])}× | {'yes' if r['exact'] else 'no'} |")
+    return lines
+
+
 def _dash(value, spec=".2f", suffix=""):
     return fmt_value(value, spec, suffix, missing="–")
 
@@ -77,6 +124,17 @@ def _stored(meta: dict) -> str:
     stored = [name for name, kept in meta.get("stored_schedules", {}).items() if kept]
     return (f"Adaptive schedules start from the pass costs and calibration an earlier process measured: "
             f"{', '.join(stored) or 'none'} (`comparison.schedule_store`).\n")
+
+
+def _half(meta: dict) -> str:
+    """Which half of each set ran (`bench.half`), or nothing when every item did."""
+    half = meta.get("half")
+    if half == "tuning":
+        return "Items: the tuning half of each set (its 1st, 3rd, 5th... items), where defaults are chosen.\n"
+    if half == "held-out":
+        return ("Items: the held-out half of each set (its 2nd, 4th, 6th... items), never used to choose a "
+                "default.\n")
+    return ""
 
 
 def _numerics(meta: dict) -> str:
@@ -127,7 +185,7 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
     lines = [f"# assistgen bench: {', '.join(pairs)}", "",
              f"{meta['machine']}; torch {meta['torch']}, transformers {meta['transformers']}, {meta['threads']} "
              f"threads; {_numerics(meta)}; max_new_tokens {_budget(meta['max_new_tokens'])}; {meta['repeats']} repeat(s); "
-             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "", _stored(meta),
+             f"{meta['date']}.", "", f"Command: `{meta['command']}`", "", _half(meta) + _stored(meta),
              "Speedup = baseline latency / assisted latency of the same item, repeat and temperature, with the same "
              "pair's target; medians over items x repeats, spread min–max. transformers' peer runs the heuristic "
              "schedule on the same model objects and is timed against our baseline. Identical: share of greedy runs "
@@ -152,6 +210,7 @@ def markdown(meta: dict, summary: list[dict], rows: list[dict]) -> str:
                      f"{_dash(s['prompt_s'])} | {_dash(s['drafting_s'])} | {_dash(s['verifying_s'])} | "
                      f"{_dash(s['s_per_pass'], '.3f')} |")
     lines += _engines(meta, summary)
+    lines += _choosing(meta, summary)
     if len(pairs) > 1:
         lines += ["", f"## Against {pairs[0]}'s baseline", "",
                   f"Each run's latency against the baseline of the first pair ({pairs[0]}) on the same item, repeat "

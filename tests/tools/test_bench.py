@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from assistgen.tools.bench import read_items
-from assistgen.tools.report import summarize
+from assistgen.tools.bench import Item, half, read_items
+from assistgen.tools.report import ranking, summarize
 
 from helpers import CPU_ONLY, ROOT
 
@@ -86,6 +87,50 @@ def test_prompt_files_and_audio_folders(tmp_path):
         raise AssertionError("a jsonl line without text was accepted")
     clips = read_items("speech", "asr", ROOT / "bench" / "inputs" / "speech")
     assert len(clips) >= 5 and all(Path(c.audio).suffix == ".wav" for c in clips)
+
+
+def test_a_set_splits_into_a_tuning_half_and_a_held_out_half_that_items_added_later_leave_alone():
+    items = [Item("s", "chat", f"s-{n}", text=str(n)) for n in range(1, 6)]
+    tuning, held_out = half(items, "tuning"), half(items, "held-out")
+    assert [i.name for i in tuning] == ["s-1", "s-3", "s-5"] and [i.name for i in held_out] == ["s-2", "s-4"]
+    assert half(items, None) == items
+    longer = items + [Item("s", "chat", "s-6", text="6")]
+    assert half(longer, "tuning") == tuning and half(longer, "held-out")[:2] == held_out
+    with pytest.raises(ValueError, match="half must be one of"):
+        half(items, "test")
+
+
+def test_the_ranking_counts_every_suite_once_and_puts_a_configuration_that_changed_the_output_last():
+    def s(suite, config, speedup, identical=1.0, engine="assistgen"):
+        return {"pair": "p", "suite": suite, "temperature": 0.0, "config": config, "speedup": speedup,
+                "identical_share": identical, "engine": engine}
+    summary = [s("code", "baseline", 1.0),
+               s("code", "a", 3.0), s("chat", "a", 1.0), s("translation", "a", 1.0),    # one suite carries it
+               s("code", "b", 1.6), s("chat", "b", 1.5), s("translation", "b", 1.4),    # every suite gains
+               s("code", "c", 9.0, identical=0.5), s("chat", "c", 9.0), s("translation", "c", 9.0),
+               s("code", "llama.cpp plain", 2.0, engine="llama.cpp")]
+    ranked = ranking(summary)
+    assert [r["config"] for r in ranked] == ["b", "a", "c"]
+    assert ranked[0]["geomean"] == pytest.approx((1.6 * 1.5 * 1.4) ** (1 / 3))
+    assert ranked[1]["worst"] == 1.0 and ranked[1]["by_suite"] == {"code": 3.0, "chat": 1.0, "translation": 1.0}
+    assert not ranked[2]["exact"] and ranked[0]["exact"]
+
+
+def test_bench_runs_a_held_out_half_with_several_windows_and_ranks_them(tiny_catalog_path, tmp_path):
+    out = bench(tiny_catalog_path, tmp_path / "out", "--suite", "translation", "--half", "held-out",
+                "--num-assistant-tokens", "2,4", "--schedules", "heuristic", "--max-new-tokens", "6")
+    assert out.returncode == 0, out.stderr
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["meta"]["half"] == "held-out"
+    assert {r["item"] for r in results["runs"]} == {"translation-2", "translation-4", "translation-6"}
+    assert {r["config"] for r in results["runs"]} == {"baseline", "heuristic, window 2", "heuristic, window 4"}
+    first = [r for r in results["runs"] if r["config"] == "heuristic, window 2"]
+    assert all(r["windows"][0] == 2 for r in first)   # the window each configuration names is the one it ran
+    assert all(r["windows"][0] == 4 for r in results["runs"] if r["config"] == "heuristic, window 4")
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "held-out half of each set" in md and "## Choosing a default" in md
+    out = bench(tiny_catalog_path, tmp_path / "out", "--suite", "translation", "--num-assistant-tokens", "2,x")
+    assert out.returncode == 2 and "whole numbers" in out.stderr
 
 
 def test_summary_medians_and_spread():
