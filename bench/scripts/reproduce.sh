@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every current claim of docs/results.md, from the repository root after the README's install command.
 # Each bench command loads its pairs and writes results.json, results.md and plots under $OUT/<name>/.
-# About 2 hours on 2 vCPUs. Nothing else should run meanwhile: the timings are wall-clock.
+# About 3 hours on 2 vCPUs. Nothing else should run meanwhile: the timings are wall-clock.
 set -euo pipefail
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 PY=${PYTHON:-.venv/bin/python}
@@ -11,8 +11,26 @@ DEFAULT=qwen2.5-coder-1.5b-w8a8+0.5b-int8
 TEXT=qwen2.5-coder-1.5b+0.5b-int8   # the same assistant for the float32 target
 SPEECH=whisper-base+decoder-int8
 
-# The results table of the README: the default pairs at their defaults, with the peers on the same weights
+# The defaults: chosen on each set's tuning half (its 1st, 3rd, 5th... items), every suite counting once
+TEXT_SETS="--suite code --suite chat --suite context --suite translation --suite summarization"
+SPEECH_SETS="--suite speech-real --suite speech --suite speech-other"
+bench tuning-text --pair $DEFAULT $TEXT_SETS --half tuning --draft-sources assistant,assistant_lookup,prompt_lookup \
+    --schedules adaptive,heuristic
+bench tuning-text-windows --pair $DEFAULT $TEXT_SETS --half tuning --draft-sources assistant_lookup \
+    --schedules adaptive --num-assistant-tokens 3,5,8 --no-floor
+bench tuning-text-windows/repeats-2 --pair $DEFAULT $TEXT_SETS --half tuning --draft-sources assistant_lookup \
+    --schedules adaptive --num-assistant-tokens 5,8 --repeats 2 --no-floor
+bench tuning-speech --pair $SPEECH $SPEECH_SETS --half tuning --schedules adaptive,heuristic \
+    --num-assistant-tokens 3,5,8 --no-floor
+
+# The results table of the README: the default pairs at their defaults on each set's held-out half (2nd, 4th...
+# items), with the peers on the same weights
 # (pip install -r requirements-peers.txt; bash bench/scripts/build_llama_server.sh; export ASSISTGEN_LLAMA_SERVER=...)
+bench held-out-text --pair $DEFAULT $TEXT_SETS --half held-out --peer llama.cpp --repeats 2
+bench held-out-speech --pair $SPEECH $SPEECH_SETS --half held-out --peer faster-whisper
+bench held-out-speech/every-real-clip --pair $SPEECH --suite speech-real --peer faster-whisper --no-floor
+
+# The same pairs on every item of the sets, the day before the split (docs/results.md)
 bench peers-code-w8a8 --pair $DEFAULT --suite code --peer llama.cpp --repeats 2
 bench tasks-w8a8 --pair $DEFAULT --suite chat --suite translation --suite summarization --no-floor
 bench long-context-w8a8 --pair $DEFAULT --suite long-context --peer --repeats 2 --no-floor
