@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from ..app.render import fmt_value
@@ -84,15 +85,13 @@ def ranking(summary: list[dict]) -> list[dict]:
         ranked.append({"pair": pair, "temperature": temperature, "config": config, "by_suite": by_suite,
                        "geomean": math.exp(statistics.fmean(math.log(v) for v in by_suite.values())),
                        "worst": min(by_suite.values()), "exact": exact})
-    return sorted(ranked, key=lambda r: (r["pair"] or "", r["temperature"], not r["exact"], -r["geomean"]))
+    return sorted(ranked, key=lambda r: (r["pair"] or "", r["temperature"], not r["exact"], -r["geomean"], -r["worst"]))
 
 
 def _choosing(meta: dict, summary: list[dict]) -> list[str]:
     """The ranking (`ranking`) as a table, where a pair ran more than one of our assisted configurations."""
     ranked = ranking(summary)
-    counts: dict[tuple, int] = {}
-    for r in ranked:
-        counts[(r["pair"], r["temperature"])] = counts.get((r["pair"], r["temperature"]), 0) + 1
+    counts = Counter((r["pair"], r["temperature"]) for r in ranked)
     ranked = [r for r in ranked if counts[(r["pair"], r["temperature"])] > 1]
     if not ranked:
         return []
