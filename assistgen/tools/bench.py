@@ -302,14 +302,12 @@ def timed_inputs(pair, item: Item) -> tuple:
 
 def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sources: list[str] | None,
               schedules: list[str] | None, repeats: int, max_new_tokens: int | None,
-              num_assistant_tokens: int | list[int] | None = None,
+              num_assistant_tokens: list[int] | None = None,
               peer: bool = False, peers: list[dict] | None = None, progress=None, log=None) -> list[dict]:
     """Every item under every configuration of every pair (a pair, or a list of them run side by side); one row
     per run. `max_new_tokens` None: each pair's own (models.yaml), as the app runs it. `num_assistant_tokens`: the
-    initial window, or several, each then a configuration of its own; None: each pair's own. `peers`: for each pair,
-    its peer engines' adapters by engine (`tools.peers`), run on the same items, interleaved with ours."""
-    windows = num_assistant_tokens if isinstance(num_assistant_tokens, list) else (
-        None if num_assistant_tokens is None else [num_assistant_tokens])
+    initial windows, several each a configuration of its own; None: each pair's own. `peers`: for each pair, its
+    peer engines' adapters by engine (`tools.peers`), run on the same items, interleaved with ours."""
     pairs = pairs if isinstance(pairs, (list, tuple)) else [pairs]
     peers = peers or [{} for _ in pairs]
     timed = [(item, [timed_inputs(pair, item) for pair in pairs]) for item in items]
@@ -323,7 +321,8 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
     # the sweep's own order over temperatures (repeat by repeat, each temperature once per repeat), item by item
     plan = [(repeat, temperature, item, inputs) for repeat, temperature in sweep_plan(temperatures, repeats)
             for item, inputs in prepared]
-    configs = [configs_for(pair, draft_sources, schedules, peer, peers[p], windows) for p, pair in enumerate(pairs)]
+    configs = [configs_for(pair, draft_sources, schedules, peer, peers[p], num_assistant_tokens)
+               for p, pair in enumerate(pairs)]
     total = len(plan) * sum(len(c) for c in configs)
     rows, done = [], 0
     for n, (repeat, temperature, item, inputs) in enumerate(plan):
@@ -333,7 +332,7 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
             for config in own[n % len(own):] + own[:n % len(own)]:
                 base = request_settings(pair.spec, max_new_tokens=max_new_tokens,
                                         draft_source=config.draft_source or "assistant",
-                                        num_assistant_tokens=config.window or (windows[0] if windows else None),
+                                        num_assistant_tokens=config.window or (num_assistant_tokens or [None])[0],
                                         schedule=config.schedule if config.schedule in SCHEDULE_NAMES else "heuristic")
                 settings = point_settings(base, "temperature", temperature, repeat)   # as a temperature sweep sets it
                 try:
@@ -365,11 +364,17 @@ def run_bench(pairs, items: list[Item], *, temperatures: list[float], draft_sour
 
 # --- command line ---------------------------------------------------------------------------------------------------
 
-def _floats(text: str) -> list[float]:
+def _values(text: str, kind: type, expected: str) -> list:
+    """The comma-separated values of an option, each read by `kind`; an argparse error saying `expected` if one is
+    not."""
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        return [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+    values = _values(text, float, "comma-separated numbers")
     low, high = TEMPERATURE_RANGE
     if not values or any(not low <= v <= high for v in values):
         raise argparse.ArgumentTypeError(f"temperatures must be from {low:g} to {high:g}")
@@ -377,10 +382,7 @@ def _floats(text: str) -> list[float]:
 
 
 def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    values = _values(text, int, "whole numbers separated by commas")
     if not values:
         raise argparse.ArgumentTypeError("expected at least one whole number")
     return list(dict.fromkeys(values))
