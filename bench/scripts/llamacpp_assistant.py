@@ -24,7 +24,6 @@ import torch
 
 from assistgen.engine.decoding import generate, synchronized_clock
 from assistgen.engine.drafting import AssistantCandidates, AssistantWithLookupCandidates, PaybackCosts, PaybackGate
-from assistgen.engine.kv import _common_prefix
 from assistgen.engine.schedules import AdaptiveSchedule
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
@@ -46,7 +45,9 @@ class LlamaCppDecoder:
 
     def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
         assert keep == 1, "an assistant reads one position's logits"
-        reuse = min(_common_prefix(self._seen, tokens), len(tokens) - 1)
+        reuse = 0
+        while reuse < min(len(self._seen), len(tokens) - 1) and self._seen[reuse] == tokens[reuse]:
+            reuse += 1
         self.llm._ctx.kv_cache_seq_rm(-1, reuse, -1)
         self.llm.n_tokens = reuse
         self.llm.eval(tokens[reuse:])
