@@ -9,9 +9,10 @@ question is only whether its drafts arrive sooner.
 Per code prompt and repeat, interleaved: the baseline, assisted generation with the pair's int8 assistant, and with
 llama.cpp's; both assisted runs as the pair's default runs (assistant + prompt lookup, the adaptive schedule from
 window 5, the payback gate), each carrying its own measured schedule and costs from one run to the next. Prints each
-run and the medians: tokens/s, tokens per target pass, seconds drafting, milliseconds per draft pass, and whether
-the output is the baseline's. llama.cpp is built without OpenMP (its own thread pool), so that two OpenMP
-runtimes do not spin against each other on a small machine. Run `python -m assistgen prepare` first. A benchmark: it asserts nothing.
+run and the medians: tokens/s, tokens per target pass, seconds drafting, milliseconds per assistant pass, and
+whether the output is the baseline's. llama.cpp is built without OpenMP (its own thread pool), so that two OpenMP
+runtimes do not spin against each other on a small machine. Run `python -m assistgen prepare` first. A benchmark:
+it asserts nothing.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def main() -> None:
                     schedule = AdaptiveSchedule(pair.spec.num_assistant_tokens, measured=measured[name])
                     kwargs["num_assistant_tokens_schedule"] = schedule
                     if name.startswith("int8"):
-                        kwargs.update(assistant_model=pair.assistant.model, prompt_lookup_num_tokens=5,
+                        kwargs.update(assistant_model=pair.assistant.model,
+                                      prompt_lookup_num_tokens=pair.spec.num_assistant_tokens,
                                       assistant_payback=costs[name])
                     else:
                         source = AssistantCandidates(LlamaCppDecoder(llm), set(eos))
@@ -106,7 +108,8 @@ def main() -> None:
                 print(f"{item.name} #{repeat + 1} {name}: {run['tokens_per_s']:.1f} tokens/s, "
                       f"{run['tokens_per_pass']:.2f} a pass, drafting {drafting:.2f} s, "
                       f"identical {run['identical']}", flush=True)
-    print("\n| configuration | tokens/s (median, min–max) | tokens a pass | drafting s | ms per assistant pass | identical |")
+    print("\n| configuration | tokens/s (median, min–max) | tokens a pass | drafting s | ms per assistant pass "
+          "| identical |")
     print("|---|---|---|---|---|---|")
     for name, rows in runs.items():
         rate = [r["tokens_per_s"] for r in rows]
