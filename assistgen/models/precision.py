@@ -14,8 +14,9 @@ the second convolution, and the decoder's cross-attention key and value projecti
 
 The decoder's passes stay in float32: they choose every token, and a verification pass must compute each position as
 the one-token steps do (the cross-attention keys and values are the same for every pass and position). Both columns
-read the same encoder, so assisted output stays identical to the baseline's; the transcript itself can differ from an all-float32 encoder's where the model hesitates. Figures: docs/results.md (the
-default speech pair) and bench/results/whisper-bf16-encoder.
+read the same encoder, so assisted output stays identical to the baseline's; the transcript itself can differ from
+an all-float32 encoder's where the model hesitates. Figures: docs/results.md (the default speech pair) and
+bench/results/whisper-bf16-encoder.
 """
 from __future__ import annotations
 
