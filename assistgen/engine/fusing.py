@@ -20,10 +20,33 @@ class RowFusable(Protocol):
         ...
 
 
+@runtime_checkable
+class ProductPart(Protocol):
+    """A layer whose outputs are the columns `span` of a larger product, `whole` (layers reading the same input,
+    packed as one at load)."""
+
+    whole: nn.Module
+    span: tuple[int, int]
+
+
+def _whole_of(linears: list[nn.Module]) -> nn.Module | None:
+    """The product that `linears` are the parts of, in order and without a gap, or None."""
+    if not all(isinstance(m, ProductPart) for m in linears) or any(m.whole is not linears[0].whole for m in linears):
+        return None
+    spans = [m.span for m in linears]
+    ends = [0] + [stop for _, stop in spans]
+    whole = linears[0].whole
+    fits = all(start == end for (start, _), end in zip(spans, ends)) and ends[-1] == whole.out_features
+    return whole if fits else None
+
+
 def fused_linear(linears: list[nn.Module]) -> nn.Module:
     """One product for several linear layers that read the same input, their outputs side by side. Exact: each
     output row is still its own weight row's product (an int8 layer keeps its per-row scales; its input is quantized
-    once, as each layer would have quantized it)."""
+    once, as each layer would have quantized it). Layers packed as one product at load are that product."""
+    whole = _whole_of(linears)
+    if whole is not None:
+        return whole
     first = linears[0]
     if isinstance(first, RowFusable) and all(type(m) is type(first) for m in linears):
         return first.fused(linears[1:])

@@ -25,7 +25,7 @@ from .cpu import keep_freed_memory, materialize, onednn_enabled, onednn_for_offl
 from .devices import default_device, torch_dtype
 from .gguf import load_cached
 from .packs import PackError, cache_dir
-from .quantized import Int8Linear
+from .quantized import Int8Linear, ProductPart
 from .sizing import checkpoint_files
 
 SIZE_RATIO_WARNING = 10.0
@@ -106,8 +106,8 @@ def _count(model) -> tuple[int, int]:
 def _linear_weight_size(module, dtype: torch.dtype) -> int | None:
     """Bytes a weight of a linear-like layer takes, whatever its layout (int8, oneDNN-packed or plain); None for a
     module that is not one."""
-    if not hasattr(module, "in_features") or not hasattr(module, "out_features"):
-        return None
+    if not hasattr(module, "in_features") or not hasattr(module, "out_features") or isinstance(module, ProductPart):
+        return None   # a part of a product: the product counts
     if isinstance(module, Int8Linear):
         return 1
     weight = getattr(module, "weight", None)

@@ -8,7 +8,10 @@ products accumulate in 32 bits (VNNI): without it, fbgemm sums pairs of products
 overflow, so it keeps 7.
 
 Quantizing takes seconds at every load, so the int8 weights, their scales and every other tensor are stored instead,
-as plain tensors (never a pickle), and a load rebuilds the layers from them: the packing alone remains.
+as plain tensors (never a pickle), and a load rebuilds the layers from them: the packing alone remains. Layers that
+read the same input (`SIBLINGS`: a self-attention's query, key and value projections, a gated MLP's gate and up
+projections) are packed as one product (`ProductPart`): one int8 call instead of three or two, each quantizing its
+input once, and the same outputs, since each output row is its own weight row's product.
 """
 from __future__ import annotations
 
@@ -149,6 +152,79 @@ class RowInt8Linear(Int8Linear):
         return super().extra_repr() + ", inputs=per row"
 
 
+# Layers that read the same input, by the name of the module holding them: packed as one product at load
+SIBLINGS = {"self_attn": ("q_proj", "k_proj", "v_proj"), "mlp": ("gate_proj", "up_proj")}
+
+
+class _LastProduct:
+    """The whole product of the input its parts last read: the first part to read an input computes it, the others
+    take their columns of it, and the last lets it go."""
+
+    def __init__(self, whole: Int8Linear, parts: int):
+        self.whole, self.parts = whole, parts
+        self._last: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None   # (input, output, parts served)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        last = self._last
+        if last is None or last[0] is not x:   # the input itself, not an equal one: it is held until served
+            last = self._last = (x, self.whole(x), [0])
+        last[2][0] += 1
+        if last[2][0] >= self.parts and self._last is last:
+            self._last = None
+        return last[1]
+
+
+class ProductPart(nn.Module):
+    """One of several int8 layers reading the same input, packed as one product (`SIBLINGS`): its outputs are the
+    columns `span` of the whole's (`engine.fusing.ProductPart`). Called one after another on one input, as a
+    transformers module calls its query, key and value projections, the parts compute the whole product once."""
+
+    def __init__(self, whole: Int8Linear, product: _LastProduct, span: tuple[int, int]):
+        super().__init__()
+        self.whole = whole
+        self._product = product
+        self.span = span
+        self.in_features, self.out_features = whole.in_features, span[1] - span[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start, stop = self.span
+        return self._product(x)[..., start:stop]
+
+    def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Its own rows of the whole's int8 weight, scales and bias."""
+        qweight, qscale, bias = self.whole.stored()
+        start, stop = self.span
+        return qweight[start:stop], qscale[start:stop], None if bias is None else bias[start:stop]
+
+    def extra_repr(self) -> str:
+        return f"span={self.span}"
+
+
+def _sibling_groups(names: list[str]) -> list[list[str]]:
+    """The groups of `SIBLINGS` among the quantized layers' `names`, each in its order."""
+    present, groups = set(names), []
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        siblings = SIBLINGS.get(parent.rpartition(".")[2])
+        if siblings and child == siblings[0] and all(f"{parent}.{s}" in present for s in siblings):
+            groups.append([f"{parent}.{s}" for s in siblings])
+    return groups
+
+
+def _packed_as_one(tensors: dict[str, torch.Tensor], group: list[str], layer: type[Int8Linear]) -> list[ProductPart]:
+    """The layers of `group` (names in `tensors`) as the parts of one product."""
+    weights = [tensors[f"{name}.qweight"] for name in group]
+    biases = [tensors.get(f"{name}.bias") for name in group]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else torch.zeros(len(w)) for w, b in zip(weights, biases)])
+    whole = layer(torch.cat(weights), torch.cat([tensors[f"{name}.qscale"] for name in group]), bias)
+    product, parts, start = _LastProduct(whole, len(group)), [], 0
+    for w in weights:
+        parts.append(ProductPart(whole, product, (start, start + len(w))))
+        start += len(w)
+    return parts
+
+
 # A quantization's layer class: torch's CPU int8 kinds in models.yaml.
 LAYERS = {"dynamic_int8": Int8Linear, "w8a8": RowInt8Linear}
 
@@ -166,8 +242,11 @@ def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
     On a float model, every ``nn.Linear`` is quantized on the way."""
     tensors: dict[str, torch.Tensor] = {}
     quantized = set()
+    wholes = {id(m.whole) for m in model.modules() if isinstance(m, ProductPart)}
     for name, module in model.named_modules():
-        if isinstance(module, Int8Linear):
+        if id(module) in wholes:   # stored as its parts, under their names
+            continue
+        if isinstance(module, (Int8Linear, ProductPart)):
             qweight, qscale, bias = module.stored()
         elif isinstance(module, nn.Linear):
             (qweight, qscale), bias = quantize_weight(module.weight), module.bias
@@ -203,22 +282,32 @@ def rebuild(model: nn.Module, tensors: dict[str, torch.Tensor], layer: type[Int8
     if unexpected or untied:
         raise ValueError(f"int8 cache does not fit the model: missing {untied[:3]}, unexpected {unexpected[:3]}")
 
-    def int8_linear(name: str):
-        parent_name, _, child = name.rpartition(".")
-        old = getattr(model.get_submodule(parent_name), child)
-        q = layer(tensors[f"{name}.qweight"], tensors[f"{name}.qscale"], tensors.get(f"{name}.bias"))
-        if (q.in_features, q.out_features) != (old.in_features, old.out_features):
-            raise ValueError(f"int8 cache does not fit the model at {name}")
-        return name, q
+    groups = _sibling_groups(names)
+    grouped = {name for group in groups for name in group}
+    jobs = [[name] for name in names if name not in grouped] + groups
+
+    def int8_layers(job: list[str]):
+        if len(job) == 1:
+            name = job[0]
+            built = [layer(tensors[f"{name}.qweight"], tensors[f"{name}.qscale"], tensors.get(f"{name}.bias"))]
+        else:
+            built = _packed_as_one(tensors, job, layer)
+        for name, q in zip(job, built):
+            parent_name, _, child = name.rpartition(".")
+            old = getattr(model.get_submodule(parent_name), child)
+            if (q.in_features, q.out_features) != (old.in_features, old.out_features):
+                raise ValueError(f"int8 cache does not fit the model at {name}")
+        return zip(job, built)
 
     # fbgemm's packing is single-threaded: several layers are packed at a time. Quantized tensor creation is deprecated
     # in torch and works here; the filter is set once, around the pool: warnings' filters are process-wide, and a
     # catch_warnings in each worker could restore another's on exit.
     with warnings.catch_warnings(), ThreadPoolExecutor(max(1, min(4, torch.get_num_threads()))) as pool:
         warnings.simplefilter("ignore", UserWarning)
-        for name, q in pool.map(int8_linear, names):
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, q)
+        for built in pool.map(int8_layers, jobs):
+            for name, q in built:
+                parent_name, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent_name), child, q)
     return model.eval()
 
 

@@ -24,8 +24,32 @@ def test_a_stored_int8_model_loads_back_to_the_same_logits(tmp_path):
     ids = tm.decoder_inputs(3, length=12)["input_ids"]
     assert torch.equal(_logits(loaded, ids), _logits(q, ids))
     assert not torch.equal(_logits(loaded, ids), _logits(model, ids))  # it really is the int8 model
-    linears = [m for m in loaded.modules() if isinstance(m, quantized.Int8Linear)]
-    assert len(linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the output projection
+    products = [m for m in loaded.modules() if isinstance(m, quantized.Int8Linear)]
+    assert len(products) == 2 * 4 + 1  # q/k/v as one, o, gate/up as one, down per layer, and the output projection
+    assert sum(isinstance(m, quantized.ProductPart) for m in loaded.modules()) == 2 * 5
+
+
+@pytest.mark.parametrize("layer", [quantized.Int8Linear, quantized.RowInt8Linear])
+def test_layers_reading_one_input_packed_as_one_product_give_their_own_outputs_and_store_alike(tmp_path, monkeypatch,
+                                                                                                layer):
+    q = quantized.quantize(tm.qwen2(4, vocab=96, hidden=32, layers=2, init=0.2), layer)
+    assert isinstance(q.model.layers[0].self_attn.q_proj, quantized.ProductPart)
+    monkeypatch.setattr(quantized, "SIBLINGS", {})
+    apart = quantized.quantize(tm.qwen2(4, vocab=96, hidden=32, layers=2, init=0.2), layer)
+    assert isinstance(apart.model.layers[0].self_attn.q_proj, layer)
+    ids = tm.decoder_inputs(2, length=10)["input_ids"]
+    assert torch.equal(_logits(q, ids), _logits(apart, ids))
+    a, b = quantized.tensors_of(q), quantized.tensors_of(apart)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)   # the stored format does not change
+    attention = q.model.layers[1].self_attn
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        calls = []
+        whole = attention.q_proj.whole
+        whole.register_forward_hook(lambda *args: calls.append(1))
+        parts = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+    assert len(calls) == 1   # one product for the three parts of one input
+    assert torch.equal(torch.cat(parts, dim=-1), whole(x))
 
 
 def test_the_stored_files_are_tensors_only(tmp_path):
