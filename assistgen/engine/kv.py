@@ -38,9 +38,10 @@ class CachedDecoder:
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
     `whisper_decoder.WhisperDecoderStep`, its cross-attention over the clip plus `audio_margin_s` (None: the whole
     window), a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
-    arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). The target always runs
-    through transformers' own modules. A model with row-invariant attention reads its prompt in a pass of its own,
-    before the first drafts (`attention.separate_prompt_pass`).
+    arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). A target runs through
+    transformers' own modules, except a row-invariant Llama or Qwen2 one (w8a8), which runs through
+    `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with row-invariant attention
+    reads its prompt in a pass of its own, before the first drafts (`attention.separate_prompt_pass`).
     """
 
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
@@ -80,8 +81,8 @@ class CachedDecoder:
             if positions is not None:
                 hidden = hidden[:, :positions]
             self._step = whisper_decoder.WhisperDecoderStep(model, hidden)
-        elif assistant and llama_decoder.supports(model):
-            self._step = llama_decoder.LlamaDecoderStep(model)
+        elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
+            self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
@@ -90,23 +91,25 @@ class CachedDecoder:
         One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen.
         """
         reuse = min(_common_prefix(self._seen, tokens), len(tokens) - keep)
-        if self._step is not None:
-            logits = self._step.logits(tokens[reuse:], reuse, keep)
-        else:
-            logits = self._transformers_logits(tokens, reuse, keep)
+        logits = self._logits(tokens, reuse, keep)
         self._seen = list(tokens)
         self.passes += 1
         if self._suppress or self._begin_suppress:
             logits = self._mask(logits, first_position=len(tokens) - keep + 1)
         return logits
 
+    def _logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
+        if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
+            first = self._logits(tokens[:len(tokens) - keep + 1], 0, 1)
+            return torch.cat([first, self._logits(tokens, len(tokens) - keep + 1, keep - 1)])
+        if self._step is not None:
+            return self._step.logits(tokens[reuse:], reuse, keep)
+        return self._transformers_logits(tokens, reuse, keep)
+
     def _transformers_logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
         cached = self._cache.get_seq_length() if self._cache is not None else 0
         if reuse < cached:
             self._cache.crop(reuse - cached)
-        if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
-            first = self._transformers_logits(tokens[:len(tokens) - keep + 1], 0, 1)
-            return torch.cat([first, self._transformers_logits(tokens, len(tokens) - keep + 1, keep - 1)])
         new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
         kwargs = {self._input_key: new, "cache": self._cache, "use_cache": True, **self._extra}
         if self._logits_to_keep:

@@ -10,9 +10,12 @@ and module calls rather than in its products; this loop gives the same logits, b
   drafts are simply written over);
 - no mask for one new token; an explicit causal mask when several are fed at once.
 
-Like `whisper_decoder`, it only ever runs an assistant: the target's passes stay transformers' own, so nothing here
-can change an output, only how fast drafts arrive. Tests hold its logits to transformers' on tiny random Llama and
-Qwen2 models.
+It runs every assistant of these families, and one kind of target: a row-invariant one (w8a8,
+`attention.separate_prompt_pass`), with `row_invariant=True`. Then each row of a pass that continues the buffers
+attends exactly as a one-token step does (`attention` says why), so a verification pass gives each draft's position
+the baseline's logits, bit for bit, and the baseline runs through this same loop. A float target stays with
+transformers' modules, whose greedy output the tests compare with transformers' own. Tests hold its logits to
+transformers' on tiny random Llama and Qwen2 models, and its verification passes to its one-token steps.
 """
 from __future__ import annotations
 
@@ -90,8 +93,9 @@ class LlamaDecoderStep:
     """
 
     @torch.inference_mode()
-    def __init__(self, model):
+    def __init__(self, model, *, row_invariant: bool = False):
         config = model.config
+        self.row_invariant = row_invariant
         self.device = model.device
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -131,6 +135,12 @@ class LlamaDecoderStep:
         q = _rotate(q.view(1, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         layer.keys[:, :, start:end] = _rotate(k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         layer.values[:, :, start:end] = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
-                                             scale=layer.scaling, enable_gqa=self.heads != self.kv_heads)
+        if self.row_invariant and start > 0 and n > 1:   # each row as its own one-token step computes it
+            out = torch.cat([self._sdpa(layer, q[:, :, i:i + 1], start + i + 1, None) for i in range(n)], dim=2)
+        else:
+            out = self._sdpa(layer, q, end, mask)
         return layer.o_proj(out.transpose(1, 2).reshape(1, n, q_size))
+
+    def _sdpa(self, layer: _Layer, q: torch.Tensor, end: int, mask) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, layer.keys[:, :, :end], layer.values[:, :, :end], attn_mask=mask,
+                                              scale=layer.scaling, enable_gqa=self.heads != self.kv_heads)

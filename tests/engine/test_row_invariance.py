@@ -8,6 +8,7 @@ import helpers as tm
 from assistgen.engine import attention
 from assistgen.engine.decoding import generate
 from assistgen.engine.kv import CachedDecoder
+from assistgen.engine.llama_decoder import LlamaDecoderStep
 from assistgen.models import quantized
 
 pytestmark = tm.CPU_ONLY
@@ -58,17 +59,37 @@ def test_row_invariant_attention_computes_each_new_row_as_a_step_of_its_own():
         assert torch.equal(out[:, i:i + 1], alone)
 
 
-def test_a_verification_pass_equals_one_token_steps_bit_for_bit():
-    model = _w8a8(4, layers=3)
+def _decoder(model, path: str, row_invariant: bool = True) -> CachedDecoder:
+    decoder = CachedDecoder(model, tm.decoder_inputs(7), prefix_length=7)
+    if path == "transformers":   # the modules' own path, which a family the lean step does not know takes
+        decoder._step = None
+    else:
+        assert isinstance(decoder._step, LlamaDecoderStep) and decoder._step.row_invariant
+        decoder._step.row_invariant = row_invariant
+    return decoder
+
+
+def _verified_and_stepped(model, path: str, row_invariant: bool = True):
     prompt, continuation = [3, 17, 9, 41, 5, 22, 8], [11, 30, 2, 19, 27, 6, 14, 33]
-    steps = CachedDecoder(model, tm.decoder_inputs(7), prefix_length=7)
+    steps = _decoder(model, path, row_invariant)
     one_by_one = [steps.logits(prompt)]
     for i in range(len(continuation)):
         one_by_one.append(steps.logits(prompt + continuation[:i + 1]))
-    verifying = CachedDecoder(model, tm.decoder_inputs(7), prefix_length=7)
+    verifying = _decoder(model, path, row_invariant)
     assert torch.equal(verifying.logits(prompt), one_by_one[0])
     together = verifying.logits(prompt + continuation, keep=len(continuation))   # the pass feeds the 8 new tokens
-    assert torch.equal(together, torch.cat(one_by_one[1:]))
+    return together, torch.cat(one_by_one[1:])
+
+
+@pytest.mark.parametrize("path", ["lean", "transformers"])
+def test_a_verification_pass_equals_one_token_steps_bit_for_bit(path):
+    together, one_by_one = _verified_and_stepped(_w8a8(4, layers=3), path)
+    assert torch.equal(together, one_by_one)
+
+
+def test_the_lean_target_pass_needs_its_rows_attended_one_by_one():
+    together, one_by_one = _verified_and_stepped(_w8a8(4, layers=3), "lean", row_invariant=False)
+    assert not torch.equal(together, one_by_one)
 
 
 def test_drafts_appended_to_the_prompt_are_verified_in_a_pass_of_their_own():
@@ -79,9 +100,9 @@ def test_drafts_appended_to_the_prompt_are_verified_in_a_pass_of_their_own():
     steps = CachedDecoder(model, tm.decoder_inputs(9), prefix_length=9)
     expected = torch.cat([steps.logits(prompt)] + [steps.logits(prompt + drafts[:i + 1]) for i in range(3)])
     calls = []
-    model.register_forward_hook(lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape[1]),
-                                with_kwargs=True)
     first = CachedDecoder(model, tm.decoder_inputs(9), prefix_length=9)
+    step = first._step.logits
+    first._step.logits = lambda new, start, keep: calls.append(len(new)) or step(new, start, keep)
     assert torch.equal(first.logits(prompt + drafts, keep=4), expected)
     assert calls == [len(prompt), len(drafts)] and first.passes == 1
 
