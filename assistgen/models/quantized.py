@@ -190,11 +190,13 @@ class ProductPart(nn.Module):
         start, stop = self.span
         return self._product(x)[..., start:stop]
 
-    def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Its own rows of the whole's int8 weight, scales and bias."""
-        qweight, qscale, bias = self.whole.stored()
-        start, stop = self.span
-        return qweight[start:stop], qscale[start:stop], None if bias is None else bias[start:stop]
+    def stored(self, whole: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Its own rows of the whole's int8 weight, scales and bias, copied out; `whole`: the whole's `stored()`,
+        when the caller already unpacked it for another part."""
+        qweight, qscale, bias = self.whole.stored() if whole is None else whole
+        rows = slice(*self.span)
+        return qweight[rows].clone(), qscale[rows].clone(), None if bias is None else bias[rows].clone()
 
     def extra_repr(self) -> str:
         return f"span={self.span}"
@@ -242,11 +244,14 @@ def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
     On a float model, every ``nn.Linear`` is quantized on the way."""
     tensors: dict[str, torch.Tensor] = {}
     quantized = set()
-    wholes = {id(m.whole) for m in model.modules() if isinstance(m, ProductPart)}
+    wholes = {id(m.whole): None for m in model.modules() if isinstance(m, ProductPart)}   # each unpacked once
     for name, module in model.named_modules():
         if id(module) in wholes:   # stored as its parts, under their names
             continue
-        if isinstance(module, (Int8Linear, ProductPart)):
+        if isinstance(module, ProductPart):
+            whole = wholes[id(module.whole)] = wholes[id(module.whole)] or module.whole.stored()
+            qweight, qscale, bias = module.stored(whole)
+        elif isinstance(module, Int8Linear):
             qweight, qscale, bias = module.stored()
         elif isinstance(module, nn.Linear):
             (qweight, qscale), bias = quantize_weight(module.weight), module.bias
