@@ -200,7 +200,8 @@ def _results_section() -> dict:
             assisted_figures = gr.Markdown(elem_id="assisted-figures")
     gr.HTML(LEGEND)
     summary = gr.HTML(elem_id="summary")
-    plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens")
+    plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens",
+                   elem_id="steps-plot")
     with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
         raw = gr.JSON()
     return {"status": status, "baseline_html": baseline_html, "baseline_figures": baseline_figures,

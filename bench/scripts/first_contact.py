@@ -91,6 +91,8 @@ def _run(args, cache: str, shots: Path) -> int:
                       f"baseline {figures['#baseline-figures']:.1f} s, assisted {figures['#assisted-figures']:.1f} s, "
                       f"{speedup}×{'; timing flagged as not reliable' if 'Timing not reliable' in summary else ''}",
                       flush=True)
+                # the per-pass chart arrives a second or two after the status says done
+                page.locator("#steps-plot img:not([src^='data:image/svg'])").first.wait_for(timeout=60_000)
                 page.screenshot(path=str(shots / f"click{click}.png"), full_page=True)
             browser.close()
     finally:

@@ -37,6 +37,8 @@ def test_chat_comparison_fills_both_panels_and_shows_the_figures(browser, tiny_a
     assert "tokens / pass" in page.locator("#assisted-figures").inner_text()
     assert "latency" in page.locator("#baseline-figures").inner_text()
     assert "identical to baseline" in page.locator("#summary").inner_text()
+    # the per-pass chart: a rendered image (the empty plot shows only an svg icon), a moment after the summary
+    page.locator("#steps-plot img:not([src^='data:image/svg'])").first.wait_for(timeout=30_000)
     page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
     assert (tmp_path / "chat.png").stat().st_size > 10_000
 
