@@ -119,8 +119,7 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
     if tokenizer is None:
         encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                   encoder_outputs=encoder_outputs, assistant=True,
-                                                   audio_margin_s=audio_margin_s), eos)
+                                                   encoder_outputs=encoder_outputs, assistant=True), eos)
         if payback is not None:
             gate = PaybackGate(source.prefill, payback, budget, synchronized_clock(model.device))
     else:
@@ -183,7 +182,8 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     schedule is a name from `schedules.SCHEDULES` or a schedule object. With both an assistant (same tokenizer) and
     prompt lookup, `assistant_payback` (costs measured on this machine, updated in place for the next generation)
     starts the assistant only once its prompt pass can pay back; the result's `assistant_start` says when and why.
-    A Whisper assistant reads the clip's own frames plus `assistant_audio_margin_s` (None: the whole window).
+    A Whisper assistant with its own encoder runs it over the clip's own frames plus `assistant_audio_margin_s`
+    (None: the whole window); one that reads the target's encoder output attends to all of it.
     This builds the parts; `speculative_decode` runs them.
     """
     if max_new_tokens < 1:

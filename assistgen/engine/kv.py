@@ -36,16 +36,15 @@ class CachedDecoder:
     assistant layout) takes another model's ``encoder_outputs``.
 
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
-    `whisper_decoder.WhisperDecoderStep`, its cross-attention over the clip plus `audio_margin_s` (None: the whole
-    window), a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
+    `whisper_decoder.WhisperDecoderStep`, its cross-attention over the whole encoder output it reads, a Llama or Qwen2
+    one through `llama_decoder.LlamaDecoderStep`, the same
     arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). A target runs through
     transformers' own modules, except a row-invariant Llama or Qwen2 one (w8a8), which runs through
     `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with row-invariant attention
     reads its prompt in a pass of its own, before the first drafts (`attention.separate_prompt_pass`).
     """
 
-    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
-                 audio_margin_s: float | None = whisper_decoder.AUDIO_MARGIN_S):
+    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False):
         self.model = model
         self.device = model.device
         self.passes = 0
@@ -77,9 +76,6 @@ class CachedDecoder:
         if assistant and whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
             hidden = self._extra["encoder_outputs"]
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden.last_hidden_state
-            positions = whisper_decoder.clip_positions(inputs, audio_margin_s)
-            if positions is not None:
-                hidden = hidden[:, :positions]
             self._step = whisper_decoder.WhisperDecoderStep(model, hidden)
         elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
             self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)

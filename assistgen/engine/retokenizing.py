@@ -144,5 +144,5 @@ def different_tokenizer_source(model, assistant_model, inputs, prefix, eos, toke
         encoder_outputs = None
     return DifferentTokenizerCandidates(
         CachedDecoder(assistant_model, assistant_inputs, prefix_length=len(assistant_prefix),
-                      encoder_outputs=encoder_outputs, assistant=True, audio_margin_s=audio_margin_s),
+                      encoder_outputs=encoder_outputs, assistant=True),
         assistant_prefix, len(prefix), tokenizer, assistant_tokenizer, eos, eos_token_ids(assistant_model))

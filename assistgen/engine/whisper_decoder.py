@@ -24,10 +24,13 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .fusing import fused_qkv
 
-# An assistant reads a Whisper clip's own frames plus this much, not the 30 s of padding around a short clip
-# (whisper.cpp's audio_ctx): an assistant with its own encoder runs it over them only (`clip_encoder_outputs`), and
-# the lean decoder's cross-attention attends to them only. The target decides every token, so this changes how often
-# drafts are accepted, never the transcript. `decoding.generate(assistant_audio_margin_s=None)` reads the whole window.
+# An assistant with its own encoder runs it over a Whisper clip's own frames plus this much, not the 30 s of padding
+# around a short clip (whisper.cpp's audio_ctx; `clip_encoder_outputs`): its encoder's cost grows with its length.
+# The target decides every token, so this changes how often drafts are accepted, never the transcript.
+# `decoding.generate(assistant_audio_margin_s=None)` runs it over the whole window. An assistant that reads the
+# target's encoder output attends to all of it, as the target does: cutting it to the clip saved base's int8 decoder
+# about 1 ms a draft and 15 ms at its start, but where the model hesitates (other languages, synthetic voices) its
+# drafts then agreed far less often (docs/history.md).
 AUDIO_MARGIN_S = 2.0
 
 
@@ -130,17 +133,6 @@ class WhisperDecoderStep:
 
 
 # --- an assistant's view of the clip -----------------------------------------------------------------------------
-
-def clip_positions(inputs: dict, margin_s: float | None) -> int | None:
-    """How many of a Whisper encoder's output positions hold the clip plus `margin_s`: its mel frames (100 a second,
-    marked by the feature extractor's attention_mask) plus the margin, halved by the encoder's second convolution.
-    None for other inputs, or when `margin_s` is None."""
-    frames = inputs.get("attention_mask") if "input_features" in inputs else None
-    if frames is None or margin_s is None:
-        return None
-    length = min(inputs["input_features"].shape[-1], int(frames.sum()) + round(100 * margin_s))
-    return (length + length % 2) // 2
-
 
 def clip_encoder_outputs(model, features: torch.Tensor, frames: int, margin_s: float) -> BaseModelOutput:
     """A Whisper encoder's output over the first `frames` mel frames (100 a second) plus `margin_s`, not the whole
