@@ -24,7 +24,9 @@ from ..models.loading import LoadedModel, LoadedPair
 from ..models.packs import cache_dir, file_lock
 from ..models.precision import encoder_dtype
 
-FORMAT_VERSION = 2   # 2: kept only from comparisons whose speed probes held (`compare.compare`)
+FORMAT_VERSION = 3   # 2: kept only from comparisons whose speed probes held (`compare.compare`); 3: a Whisper
+# assistant reading the target's encoder output attends to the whole window, so its drafts, and the calibration of
+# their confidence, are not those measured before
 
 
 def _models(pair: LoadedPair) -> list[LoadedModel]:
