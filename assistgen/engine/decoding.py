@@ -17,7 +17,7 @@ from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, Candi
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
 from .retokenizing import different_tokenizer_source
-from .whisper_decoder import AUDIO_MARGIN_S
+from .whisper_decoder import AUDIO_MARGIN_S, KeyValues
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import WindowSchedule, make_schedule
 
@@ -101,14 +101,16 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
 def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
                  assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
                  assistant_tokenizer=None, payback: PaybackCosts | None = None, budget: int = 0,
-                 audio_margin_s: float | None = AUDIO_MARGIN_S) -> CandidateGenerator | None:
+                 audio_margin_s: float | None = AUDIO_MARGIN_S,
+                 target_key_values: KeyValues | None = None) -> CandidateGenerator | None:
     """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
     own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
     both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
     none (the baseline). `encoder_outputs` are an encoder-decoder target's: an assistant reads them only where it
     has no encoder of its own (distil-Whisper's decoder reads Whisper's encoder output) or its encoder is the
     target's; any other runs its own (`encoders.assistant_encoder_outputs`; a Whisper assistant reads the clip plus
-    `audio_margin_s` only, `whisper_decoder.AUDIO_MARGIN_S`). With `payback` (pass costs measured on
+    `audio_margin_s` only, `whisper_decoder.AUDIO_MARGIN_S`). An assistant reading the target's encoder output is
+    offered the target's cross-attention keys and values (`target_key_values`). With `payback` (pass costs measured on
     this machine), an assistant with the target's tokenizer and prompt lookup starts only once its prompt pass can pay
     back within the answer's `budget` (`drafting.PaybackGate`)."""
     if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
@@ -117,9 +119,10 @@ def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encod
         return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
     gate = None
     if tokenizer is None:
-        encoder_outputs = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
+        own = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
+        shared = target_key_values if own is encoder_outputs else None
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                   encoder_outputs=encoder_outputs, assistant=True), eos)
+                                                   encoder_outputs=own, assistant=True, target_key_values=shared), eos)
         if payback is not None:
             gate = PaybackGate(source.prefill, payback, budget, synchronized_clock(model.device))
     else:
@@ -201,7 +204,8 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     source = candidate_generator if candidate_generator is not None else draft_source(
         model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
         prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
-        payback=assistant_payback, budget=budget, audio_margin_s=assistant_audio_margin_s)
+        payback=assistant_payback, budget=budget, audio_margin_s=assistant_audio_margin_s,
+        target_key_values=target.cross_key_values)
     window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
     schedule = (make_schedule(num_assistant_tokens_schedule, window)
                 if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)

@@ -35,16 +35,20 @@ class CachedDecoder:
     whose encoder ran on part of the input). A decoder-only Whisper (``WhisperForCausalLM``, the distil-Whisper
     assistant layout) takes another model's ``encoder_outputs``.
 
+    A Whisper target computes its cross-attention keys and values here, once, as its first pass would
+    (`cross_key_values`), and its cache starts with them (`whisper_decoder.prefilled_cache`).
+
     `assistant=True` marks a model whose logits only ever choose drafts: a Whisper one then runs through
-    `whisper_decoder.WhisperDecoderStep`, its cross-attention over the whole encoder output it reads, a Llama or Qwen2
-    one through `llama_decoder.LlamaDecoderStep`, the same
+    `whisper_decoder.WhisperDecoderStep`, its cross-attention over the whole encoder output it reads (with the
+    target's keys and values, `target_key_values`, where its projections give them), a Llama or Qwen2 one through `llama_decoder.LlamaDecoderStep`, the same
     arithmetic without transformers' per-step overhead (a third of tiny.en's draft pass). A target runs through
     transformers' own modules, except a row-invariant Llama or Qwen2 one (w8a8), which runs through
     `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with row-invariant attention
     reads its prompt in a pass of its own, before the first drafts (`attention.separate_prompt_pass`).
     """
 
-    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False):
+    def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
+                 target_key_values: whisper_decoder.KeyValues | None = None):
         self.model = model
         self.device = model.device
         self.passes = 0
@@ -73,10 +77,16 @@ class CachedDecoder:
         self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
         self._begin_index = prefix_length
         self._step = None
-        if assistant and whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
+        self.cross_key_values: whisper_decoder.KeyValues | None = None
+        if whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
             hidden = self._extra["encoder_outputs"]
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden.last_hidden_state
-            self._step = whisper_decoder.WhisperDecoderStep(model, hidden)
+            if assistant:
+                self._step = whisper_decoder.WhisperDecoderStep(model, hidden, target_key_values)
+            elif config.is_encoder_decoder:
+                with torch.inference_mode():
+                    self.cross_key_values = whisper_decoder.cross_key_values(model, hidden)
+                self._cache = whisper_decoder.prefilled_cache(model, self.cross_key_values)
         elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
             self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)
 

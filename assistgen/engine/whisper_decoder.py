@@ -6,20 +6,27 @@ goes to cache objects, masks built for every step, attention reshapes and output
 products. Here the step is a plain loop over the layers:
 
 - the self-attention's query, key and value projections are one product (their rows side by side);
-- the cross-attention's keys and values are computed once per input, from the encoder's output;
+- the cross-attention's keys and values are computed once per input, from the encoder's output, or taken from the
+  target's where the assistant's projections give them (base's own decoder in int8 does);
 - the self-attention's keys and values live in one buffer per layer, allocated once (each feed says where it starts,
   so rejected drafts are simply written over);
 - no mask at all for one new token; an explicit causal mask when several are fed at once.
 
 It only ever runs an assistant: the target's passes stay transformers' own, so nothing here can change a transcript,
-only how fast drafts arrive. Tests hold its logits to transformers' on tiny random Whispers of both layouts
-(``WhisperForConditionalGeneration`` and distil-Whisper's decoder-only ``WhisperForCausalLM``).
+only how fast drafts arrive. For a Whisper target it computes the cross-attention keys and values once, with the
+target's own modules and operations, and starts the target's cache with them (`cross_key_values`,
+`prefilled_cache`): the first pass then reads them instead of computing and copying them, bit for bit the same.
+Tests hold its logits to transformers' on tiny random Whispers of both layouts (``WhisperForConditionalGeneration``
+and distil-Whisper's decoder-only ``WhisperForCausalLM``).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from transformers import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from .fusing import fused_qkv
@@ -32,6 +39,13 @@ from .fusing import fused_qkv
 # about 1 ms a draft and 15 ms at its start, but where the model hesitates (other languages, synthetic voices) its
 # drafts then agreed far less often (docs/history.md).
 AUDIO_MARGIN_S = 2.0
+# An assistant takes the target's cross-attention keys and values as its own where its projections give them to within
+# this share (relative, over the first `_PROBE_FRAMES` frames): an int8 copy of the target's projections differs by
+# about 1 %, a decoder trained apart (distil-Whisper's) by about as much as the values themselves
+SAME_PROJECTION_TOLERANCE = 0.05
+_PROBE_FRAMES = 16
+
+KeyValues = list[tuple[torch.Tensor, torch.Tensor]]   # per decoder layer: keys and values, (1, heads, frames, dim)
 
 
 def supports(model) -> bool:
@@ -53,11 +67,54 @@ def _norm(norm: nn.LayerNorm):
     return lambda x: F.layer_norm(x, shape, weight, bias, eps)
 
 
+def cross_key_values(model, encoder_hidden: torch.Tensor) -> KeyValues:
+    """A Whisper target's cross-attention keys and values over its encoder output, computed as transformers'
+    `WhisperAttention` computes them at its first pass (the same modules, the same operations), once per input."""
+    heads = model.config.decoder_attention_heads
+    out = []
+    for layer in model.model.decoder.layers:
+        cross = layer.encoder_attn
+        shape = (encoder_hidden.shape[0], -1, heads, cross.head_dim)
+        out.append((cross.k_proj(encoder_hidden).view(shape).transpose(1, 2).contiguous(),
+                    cross.v_proj(encoder_hidden).view(shape).transpose(1, 2).contiguous()))
+    return out
+
+
+def prefilled_cache(model, key_values: KeyValues) -> EncoderDecoderCache:
+    """A cache for a Whisper model's decoder that already holds its cross-attention keys and values: its first pass
+    reads them as every later pass does, instead of computing them and copying them into the cache."""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = config.decoder_layers   # as WhisperDecoder builds its own cache
+    cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    for i, (keys, values) in enumerate(key_values):
+        layer = cache.cross_attention_cache.layers[i]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        cache.is_updated[i] = True
+    return cache
+
+
+def _same_projection(cross, encoder_hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     heads: int) -> bool:
+    """Whether an assistant layer's cross-attention projections give the target's `keys` and `values` (to within
+    SAME_PROJECTION_TOLERANCE) on the first frames of the encoder output both were computed from."""
+    probe = encoder_hidden[:, :_PROBE_FRAMES]
+    for proj, theirs in ((cross.k_proj, keys), (cross.v_proj, values)):
+        if theirs.shape[1] != heads or theirs.shape[2] != encoder_hidden.shape[1]:
+            return False
+        ours = _split_heads(proj(probe), heads)
+        reference = theirs[:, :, :probe.shape[1]].to(ours.dtype)
+        if ours.shape != reference.shape or (ours - reference).norm() > SAME_PROJECTION_TOLERANCE * reference.norm():
+            return False
+    return True
+
+
 class _Layer:
     """One decoder layer's products (each module's own forward, without the module call around it), its norms, its
     cross-attention keys and values, and its self-attention cache."""
 
-    def __init__(self, layer, encoder_hidden: torch.Tensor, heads: int, max_length: int):
+    def __init__(self, layer, encoder_hidden: torch.Tensor, heads: int, max_length: int,
+                 target_key_values: tuple[torch.Tensor, torch.Tensor] | None = None):
         attn, cross = layer.self_attn, layer.encoder_attn
         self.qkv = fused_qkv(attn).forward
         self.self_out = attn.out_proj.forward
@@ -67,9 +124,15 @@ class _Layer:
         self.final_norm = _norm(layer.final_layer_norm)
         self.scaling = attn.scaling
         head_dim = encoder_hidden.shape[-1] // heads
-        keys = _split_heads(cross.k_proj(encoder_hidden), heads)
-        self.cross_keys_t = keys.transpose(2, 3).contiguous()   # (1, heads, dim, frames)
-        self.cross_values = _split_heads(cross.v_proj(encoder_hidden), heads).contiguous()
+        self.shares_target = (target_key_values is not None
+                              and _same_projection(cross, encoder_hidden, *target_key_values, heads))
+        if self.shares_target:   # the target's own, already computed: a view, no copy
+            keys, self.cross_values = target_key_values
+            self.cross_keys_t = keys.transpose(2, 3)
+        else:
+            keys = _split_heads(cross.k_proj(encoder_hidden), heads)
+            self.cross_keys_t = keys.transpose(2, 3).contiguous()   # (1, heads, dim, frames)
+            self.cross_values = _split_heads(cross.v_proj(encoder_hidden), heads).contiguous()
         self.keys = encoder_hidden.new_empty(1, heads, max_length, head_dim)
         self.values = encoder_hidden.new_empty(1, heads, max_length, head_dim)
 
@@ -79,10 +142,14 @@ class WhisperDecoderStep:
 
     `logits(new, start, keep)`: `new` (a list of token ids) continues the first `start` tokens already fed (anything
     the cache held beyond `start` is dropped); returns the logits ``(keep, vocab)`` after each of the last `keep`.
+
+    `target_key_values`: the target's cross-attention keys and values over the same encoder output
+    (`cross_key_values`). A layer whose projections give them (an int8 copy of the target's decoder) takes them as its
+    own, which saves its products over every frame at each input's start.
     """
 
     @torch.inference_mode()
-    def __init__(self, model, encoder_hidden: torch.Tensor):
+    def __init__(self, model, encoder_hidden: torch.Tensor, target_key_values: KeyValues | None = None):
         decoder = model.model.decoder
         config = model.config
         self.heads = config.decoder_attention_heads
@@ -95,7 +162,10 @@ class WhisperDecoderStep:
         self.positions = decoder.embed_positions.weight
         self.final_norm = _norm(decoder.layer_norm)
         self.proj_out = model.proj_out.forward
-        self.layers = [_Layer(layer, encoder_hidden, self.heads, self.max_length) for layer in decoder.layers]
+        shared = (target_key_values if target_key_values is not None and len(target_key_values) == len(decoder.layers)
+                  else [None] * len(decoder.layers))
+        self.layers = [_Layer(layer, encoder_hidden, self.heads, self.max_length, kv)
+                       for layer, kv in zip(decoder.layers, shared)]
 
     @torch.inference_mode()
     def logits(self, new: list[int], start: int, keep: int = 1) -> torch.Tensor:

@@ -115,3 +115,38 @@ def test_an_assistant_reading_the_targets_encoder_attends_to_the_whole_window_as
     assisted = generate(target, inputs, assistant_model=target, max_new_tokens=20, assistant_audio_margin_s=0.02)
     assert assisted.new_tokens == baseline.new_tokens and assisted.assistant_passes > 0
     assert assisted.acceptance_rate == 1.0
+
+
+def test_a_whisper_targets_prefilled_cache_gives_its_own_first_pass_logits_bit_for_bit():
+    """The target's cross-attention keys and values, computed once before its first pass and handed to its cache,
+    are the very ones its first pass would compute: every logit after is the same, bit for bit."""
+    from transformers.modeling_outputs import BaseModelOutput
+    model = tm.whisper(3)
+    outputs = BaseModelOutput(last_hidden_state=_encoder_hidden(3))
+    prefilled = CachedDecoder(model, {}, prefix_length=1, encoder_outputs=outputs)
+    assert prefilled.cross_key_values is not None and prefilled._cache is not None
+    own = CachedDecoder(model, {}, prefix_length=1, encoder_outputs=outputs)
+    own.cross_key_values = own._cache = None   # transformers computes them at the first pass, as it would alone
+    for tokens, keep in CALLS:
+        assert torch.equal(prefilled.logits(tokens, keep), own.logits(tokens, keep)), (tokens, keep)
+
+
+@tm.CPU_ONLY
+def test_an_assistant_takes_the_targets_cross_attention_only_where_its_own_projections_give_it():
+    from transformers.modeling_outputs import BaseModelOutput
+    target = tm.whisper(3)
+    hidden = _encoder_hidden(3)
+    key_values = CachedDecoder(target, {}, prefix_length=1,
+                               encoder_outputs=BaseModelOutput(last_hidden_state=hidden)).cross_key_values
+    int8_copy = tm.whisper(3)   # the target's own weights, quantized: base's decoder in int8 is this
+    quantized.quantize(int8_copy)
+    shared = WhisperDecoderStep(int8_copy, hidden, key_values)
+    assert all(layer.shares_target for layer in shared.layers)
+    assert shared.layers[0].cross_values is key_values[0][1]   # the target's tensors themselves, not copies
+    apart = WhisperDecoderStep(tm.whisper(4), hidden, key_values)   # a decoder trained apart: its own
+    assert not any(layer.shares_target for layer in apart.layers)
+    assert not any(layer.shares_target for layer in WhisperDecoderStep(int8_copy, hidden).layers)
+    inputs = tm.whisper_inputs(3)
+    baseline = generate(target, inputs, max_new_tokens=20)
+    assisted = generate(target, inputs, assistant_model=int8_copy, max_new_tokens=20)
+    assert assisted.new_tokens == baseline.new_tokens and assisted.assistant_passes > 0
