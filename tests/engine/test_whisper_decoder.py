@@ -142,7 +142,8 @@ def test_an_assistant_takes_the_targets_cross_attention_only_where_its_own_proje
     quantized.quantize(int8_copy)
     shared = WhisperDecoderStep(int8_copy, hidden, key_values)
     assert all(layer.shares_target for layer in shared.layers)
-    assert shared.layers[0].cross_values is key_values[0][1]   # the target's tensors themselves, not copies
+    assert shared.layers[0].cross_values is key_values[0][1]   # the target's values themselves, not a copy
+    assert torch.equal(shared.layers[0].cross_keys_t, key_values[0][0].transpose(2, 3))
     apart = WhisperDecoderStep(tm.whisper(4), hidden, key_values)   # a decoder trained apart: its own
     assert not any(layer.shares_target for layer in apart.layers)
     assert not any(layer.shares_target for layer in WhisperDecoderStep(int8_copy, hidden).layers)
