@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
@@ -244,13 +245,19 @@ def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
     On a float model, every ``nn.Linear`` is quantized on the way."""
     tensors: dict[str, torch.Tensor] = {}
     quantized = set()
-    wholes = {id(m.whole): None for m in model.modules() if isinstance(m, ProductPart)}   # each unpacked once
+    parts_left = Counter(id(m.whole) for m in model.modules() if isinstance(m, ProductPart))
+    unpacked: dict[int, tuple] = {}   # each packed product unpacked once, and let go after its last part
     for name, module in model.named_modules():
-        if id(module) in wholes:   # stored as its parts, under their names
+        if id(module) in parts_left:   # stored as its parts, under their names
             continue
         if isinstance(module, ProductPart):
-            whole = wholes[id(module.whole)] = wholes[id(module.whole)] or module.whole.stored()
-            qweight, qscale, bias = module.stored(whole)
+            key = id(module.whole)
+            if key not in unpacked:
+                unpacked[key] = module.whole.stored()
+            qweight, qscale, bias = module.stored(unpacked[key])
+            parts_left[key] -= 1
+            if not parts_left[key]:
+                del unpacked[key]   # its parts' rows are copied out
         elif isinstance(module, Int8Linear):
             qweight, qscale, bias = module.stored()
         elif isinstance(module, nn.Linear):
