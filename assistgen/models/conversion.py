@@ -19,12 +19,18 @@ from .packs import _stamped_sha256, assemble, cache_dir, file_lock
 
 Progress = Callable[[float, str], None]
 CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
+WEIGHTS = "model.safetensors"                      # a converted pack's float weights, in one file
 
 
 def pack_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     """The dtype a pack is converted to: the model's own, float16 kept as float32 on disk (cast at load)."""
     dtype = torch_dtype(spec.dtype, device)
     return dtype if dtype != torch.float16 else torch.float32
+
+
+def conversion_folder(spec: ModelSpec, catalog: Catalog, device: torch.device) -> Path:
+    """Where a pack model's conversion lives in the cache (its int8 copies and packed layers beside it)."""
+    return _pack_paths(spec, catalog, pack_dtype(spec, device))[1]
 
 
 def _pack_paths(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype) -> tuple[dict[str, Path], Path]:
@@ -62,7 +68,9 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
         return False
     # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
     # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
-    return spec.quantization not in TORCH_INT8 or device.type != "cpu" or int8_stored(out_dir, spec)
+    if spec.quantization in TORCH_INT8 and device.type == "cpu":
+        return int8_stored(out_dir, spec)
+    return float_weights_kept(out_dir)
 
 
 def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress: Progress) -> tuple[Path, bool]:
@@ -77,7 +85,9 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
         progress(0.05 + 0.25 * i / len(pack.files), f"{spec.name}: assembling and verifying {file.name}")
         files[file.name] = assemble(file, paths[file.name].parent)
     if _converted(spec, catalog, dtype, files, out_dir):
-        return out_dir, False
+        if float_weights_kept(out_dir) or not float_weights_needed(spec, out_dir):
+            return out_dir, False
+        _forget_conversion(out_dir)   # its float weights were dropped and this model loads them: convert again
     if pack.format == "gguf":
         (gguf_path,) = files.values()
         return gguf_to_hf(gguf_path, out_dir, dtype=dtype, progress=lambda f, m: progress(
@@ -89,6 +99,38 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
         ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
         (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
     return out_dir, True
+
+
+def float_weights_kept(folder: Path) -> bool:
+    """Whether a conversion's float weights are on disk (`drop_float_weights` removes them)."""
+    return (folder / WEIGHTS).is_file()
+
+
+def float_weights_needed(spec: ModelSpec, folder: Path) -> bool:
+    """Whether loading `spec` reads the float weights of its conversion in `folder`: every model does, but one that
+    loads the int8 copy stored beside them."""
+    return not (spec.quantization in TORCH_INT8 and int8_stored(folder, spec))
+
+
+def drop_float_weights(folder: Path) -> int:
+    """Remove a conversion's float weights, keeping its config, tokenizer and marker (what its int8 copies are
+    stamped with and load beside); returns the bytes freed. A later load that needs them converts again, to the same
+    marker, so the int8 copies stay valid."""
+    weights = folder / WEIGHTS
+    with file_lock(folder.parent / f"{folder.name}.lock"):
+        try:
+            size = weights.stat().st_size
+            weights.unlink()
+        except FileNotFoundError:
+            return 0
+    return size
+
+
+def _forget_conversion(folder: Path) -> None:
+    """Make a conversion whose float weights were dropped look unconverted, so that the converter rebuilds it."""
+    with file_lock(folder.parent / f"{folder.name}.lock"):
+        if not float_weights_kept(folder):
+            (folder / CONVERSION_MARKER).unlink(missing_ok=True)
 
 
 def packs_onednn(spec: ModelSpec, device: torch.device) -> bool:

@@ -51,6 +51,18 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "assistgen"
 
 
+def disk_bytes(folder: Path) -> int:
+    """The bytes the files under `folder` take on disk (allocated blocks, as `du` counts them)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:   # removed while walking
+                pass
+    return total
+
+
 def package_dir(package: str) -> Path:
     """Folder of the installed distribution ``package``, found without importing it."""
     try:

