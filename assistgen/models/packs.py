@@ -52,7 +52,10 @@ def cache_dir() -> Path:
 
 
 def disk_bytes(folder: Path) -> int:
-    """The bytes the files under `folder` take on disk (allocated blocks, as `du` counts them)."""
+    """The bytes the files under `folder` (or the file `folder` names) take on disk (allocated blocks, as `du` counts
+    them)."""
+    if os.path.isfile(folder):
+        return os.lstat(folder).st_blocks * 512
     total = 0
     for root, _, names in os.walk(folder):
         for name in names:

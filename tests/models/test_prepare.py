@@ -21,6 +21,8 @@ from helpers import write_tiny_gguf
 
 @pytest.fixture
 def catalog(tmp_path, monkeypatch):
+    from assistgen.models import availability
+    monkeypatch.setattr(availability, "_failures", {})   # a load failure is remembered per process: not past a test
     site = tmp_path / "site"
     (site / "tiny_weights" / "data").mkdir(parents=True)
     monkeypatch.syspath_prepend(str(site))
@@ -172,6 +174,64 @@ def test_prepare_all_keeps_every_float_conversion(catalog, capsys):
     out = capsys.readouterr().out
     assert "tiny-target: converted" in out and "tiny-target-w8a8: quantized" in out and "dropped" not in out
     assert (_converted_folder(load_catalog(path), "tiny-target") / "model.safetensors").is_file()
+
+
+def test_prepare_says_what_the_default_pairs_do_not_load_and_prune_removes_it(catalog, capsys, monkeypatch):
+    """A cache made with --all (as an older version made every pair's): the float conversion and its packed layers,
+    which only the float pair loads, are counted, then removed; the default pair still loads without converting."""
+    monkeypatch.setenv("ASSISTGEN_ONEDNN", "1")   # the float target's packed layers stored, as on a CPU by default
+    path = _int8_default(catalog[0])
+    assert main(["--catalog", str(path), "prepare", "--all"]) == 0
+    capsys.readouterr()
+    cat = load_catalog(path)
+    folder = _converted_folder(cat, "tiny-target")
+    onednn = packed.packed_folder(folder)
+    assert (folder / "model.safetensors").is_file() and onednn.is_dir()
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    out = capsys.readouterr().out
+    assert "the cache also holds" in out and "--prune" in out
+    assert (folder / "model.safetensors").is_file() and onednn.is_dir()     # counted, not removed
+
+    assert main(["--catalog", str(path), "prepare", "--prune"]) == 0
+    out = capsys.readouterr().out
+    assert f"removed the float weights of {folder.name}" in out and f"removed {onednn.name} (" in out
+    assert not (folder / "model.safetensors").exists() and not onednn.exists()
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    cpu = torch.device("cpu")
+    from assistgen.models.conversion import pack_ready
+    assert pack_ready(cat.models["tiny-target-w8a8"], cat, cpu) and pack_ready(cat.models["tiny-assistant-int8"], cat, cpu)
+    assert not pack_ready(cat.models["tiny-target"], cat, cpu)
+    import assistgen.models.gguf
+
+    def here(*args, **kwargs):
+        raise AssertionError("converted again")
+    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
+    assert load_prepared(cat.models["tiny-target-w8a8"], cat).model(input_ids=torch.tensor([[5, 9]])).logits.numel()
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    assert "the cache also holds" not in capsys.readouterr().out
+
+
+def test_prune_keeps_what_the_pair_named_loads_and_removes_a_pair_it_does_not(catalog, capsys, monkeypatch):
+    """Here the float pair is the default: `--pair` with the w8a8 pair keeps both; a plain --prune removes the w8a8
+    target's int8 copy, which a later choice of its pair quantizes again, in a child."""
+    monkeypatch.setenv("ASSISTGEN_ONEDNN", "1")
+    path, _ = catalog
+    assert main(["--catalog", str(path), "prepare", "--all"]) == 0
+    cat = load_catalog(path)
+    folder = _converted_folder(cat, "tiny-target")
+    w8a8 = folder.with_name(folder.name + "-w8a8")
+    assert w8a8.is_dir() and packed.packed_folder(folder).is_dir()
+    assert main(["--catalog", str(path), "prepare", "--pair", "tiny-pair-w8a8", "--prune"]) == 0
+    assert "removed" not in capsys.readouterr().out
+    assert w8a8.is_dir() and packed.packed_folder(folder).is_dir() and (folder / "model.safetensors").is_file()
+    assert main(["--catalog", str(path), "prepare", "--prune"]) == 0
+    assert f"removed {w8a8.name} (" in capsys.readouterr().out
+    assert not w8a8.exists()
+    assert packed.packed_folder(folder).is_dir() and (folder / "model.safetensors").is_file()   # the default's
+    messages = []
+    loaded = load_prepared(cat.models["tiny-target-w8a8"], cat, progress=lambda f, m: messages.append(m))
+    assert any("separate process" in m for m in messages) and w8a8.is_dir()
+    assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.numel()
 
 
 def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
