@@ -346,7 +346,7 @@ def build_demo(service: Service) -> gr.Blocks:
                 with gr.Tab(label, id=task) as tab:
                     buttons, inputs, (pair, pair_info) = _task_tab(service, task, choices_by_task[task],
                                                                     pair_changed, pair_settings, settings_pair)
-                    runs.append((task, buttons, inputs))
+                    runs.append((task, buttons, inputs, pair_info))
                 # the settings are shared: a tab brings its own pair's
                 tab.select(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
                            api_visibility="private", queue=False)
@@ -354,7 +354,7 @@ def build_demo(service: Service) -> gr.Blocks:
                 _explore_tab(service)
         shown = _results_section()
         stream_outputs = [shown[k] for k in STREAM_KEYS]
-        for task, (button, rerun, stop), inputs in runs:
+        for task, (button, rerun, stop), inputs, pair_info in runs:
             result_outputs = [shown[k] for k in RESULT_KEYS] + [rerun]
             run_events = []
             for trigger in (button, rerun):
@@ -375,6 +375,9 @@ def build_demo(service: Service) -> gr.Blocks:
                                                show_progress="hidden")
                 running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, button],
                              queue=False, api_visibility="private", show_progress="hidden")
+                # a pair's first run prepares its weights: the line under its dropdown stops saying it will
+                running.then(service.pair_info, inputs=inputs[0], outputs=pair_info, queue=False,
+                             api_visibility="private", show_progress="hidden")
                 running.success(lambda result: _result_list(result and result_outputs_of(result)),
                                 inputs=shown["result"], outputs=result_outputs, queue=False,
                                 api_visibility="private", show_progress="hidden")

@@ -18,6 +18,7 @@ from ..comparison.speech import asr_inputs
 from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
 from ..models.catalog import Catalog, PairSpec
+from ..models.conversion import pack_ready
 from ..models.devices import default_device, hardware, hardware_key
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
@@ -115,12 +116,19 @@ class Service:
         return spec.max_new_tokens, spec.draft_source, spec.num_assistant_tokens, spec.schedule
 
     def pair_info(self, pair_name: str) -> str:
-        """One line under the pair dropdown: what the pair is, and its defaults."""
+        """One line under the pair dropdown: what the pair is, its defaults, and whether its first run here will
+        prepare weights first (read from the cache's markers at each call, so it is current when a pair is picked
+        and after a run)."""
         spec = self._spec(pair_name)
         chosen = self.chosen_for(pair_name)
+        unprepared = [m.name for m in (spec.target, spec.assistant)
+                      if m is not None and m.source == "pack" and not pack_ready(m, self.catalog, self.device)]
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
                 f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}"
-                + (f" · {chosen}" if chosen else ""))
+                + (f" · {chosen}" if chosen else "")
+                + (f" · **not prepared here yet** ({', '.join(unprepared)}): its first run converts the weights once, "
+                   f"in a separate process, before timing anything (ahead of time: `python -m assistgen prepare "
+                   f"--pair {pair_name}`)" if unprepared else ""))
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:

@@ -234,6 +234,18 @@ def test_prune_keeps_what_the_pair_named_loads_and_removes_a_pair_it_does_not(ca
     assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.numel()
 
 
+def test_the_page_says_a_pair_is_not_prepared_until_its_first_run_prepares_it(catalog, capsys):
+    path = _int8_default(catalog[0])
+    assert main(["--catalog", str(path), "prepare"]) == 0
+    from assistgen.app.service import Service
+    service = Service(load_catalog(path))
+    assert "not prepared here yet" not in service.pair_info("tiny-pair-w8a8")
+    before = service.pair_info("tiny-pair")
+    assert "not prepared here yet** (tiny-target)" in before and "prepare --pair tiny-pair" in before
+    load_prepared(service.catalog.models["tiny-target"], service.catalog)     # what its first run does
+    assert "not prepared here yet" not in service.pair_info("tiny-pair")
+
+
 def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
     path, gguf = catalog
     gguf.unlink()
