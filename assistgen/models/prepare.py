@@ -59,12 +59,15 @@ def _models_of(pairs: list[PairSpec]) -> list[ModelSpec]:
     return list(models.values())
 
 
+def _asked(catalog: Catalog, pair: str | None, every: bool) -> list[PairSpec]:
+    """The pair named, or every pair, or none (the default pairs, then)."""
+    return [catalog.pair(pair)] if pair else list(catalog.pairs) if every else []
+
+
 def pack_models(catalog: Catalog, pair: str | None = None, every: bool = False) -> list[ModelSpec]:
     """The models with offline-pack weights of the pair named, or of every pair, or else of the pairs the page
     defaults to on this machine, each once."""
-    pairs = ([catalog.pair(pair)] if pair else list(catalog.pairs) if every
-             else default_pack_pairs(catalog, default_device()))
-    return _models_of(pairs)
+    return _models_of(_asked(catalog, pair, every) or default_pack_pairs(catalog, default_device()))
 
 
 def prepare(catalog: Catalog, pair: str | None = None,
@@ -140,8 +143,7 @@ class Prunable:
 
 def kept_models(catalog: Catalog, pair: str | None = None, every: bool = False) -> list[ModelSpec]:
     """What `--prune` keeps loadable: the models `prepare` was asked for, and the default pairs' models."""
-    return _models_of([*([catalog.pair(pair)] if pair else list(catalog.pairs) if every else []),
-                       *default_pack_pairs(catalog, default_device())])
+    return _models_of([*_asked(catalog, pair, every), *default_pack_pairs(catalog, default_device())])
 
 
 def prunable(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
