@@ -329,6 +329,9 @@ def build_demo(service: Service) -> gr.Blocks:
     first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])
     first_defaults = service.pair_defaults(first_pair) if first_pair else (128, "assistant", 5, "heuristic")
 
+    def info_now(name):
+        return service.pair_info(name) if name else ""
+
     def pair_changed(name):
         if not name:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), "", gr.skip()
@@ -355,6 +358,10 @@ def build_demo(service: Service) -> gr.Blocks:
         shown = _results_section()
         stream_outputs = [shown[k] for k in STREAM_KEYS]
         for task, (button, rerun, stop), inputs, pair_info in runs:
+            # the line was drawn when the page was built; a pair prepared since (by the preload, a run, `prepare`)
+            # no longer says it will be
+            demo.load(info_now, inputs=inputs[0], outputs=pair_info, queue=False, api_visibility="private",
+                      show_progress="hidden")
             result_outputs = [shown[k] for k in RESULT_KEYS] + [rerun]
             run_events = []
             for trigger in (button, rerun):
@@ -376,7 +383,7 @@ def build_demo(service: Service) -> gr.Blocks:
                 running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, button],
                              queue=False, api_visibility="private", show_progress="hidden")
                 # a pair's first run prepares its weights: the line under its dropdown stops saying it will
-                running.then(service.pair_info, inputs=inputs[0], outputs=pair_info, queue=False,
+                running.then(info_now, inputs=inputs[0], outputs=pair_info, queue=False,
                              api_visibility="private", show_progress="hidden")
                 running.success(lambda result: _result_list(result and result_outputs_of(result)),
                                 inputs=shown["result"], outputs=result_outputs, queue=False,
