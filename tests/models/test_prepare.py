@@ -111,6 +111,28 @@ def _converted_folder(cat, name: str) -> Path:
     return conversion_folder(cat.models[name], cat, torch.device("cpu"))
 
 
+def _the_int8_pair_loads_without_its_float_weights(cat, monkeypatch) -> None:
+    """The float conversion's weights are gone, its config and tokenizer kept; the w8a8 pair is ready and loads from
+    its int8 copies alone, in this process, with conversion and quantization forbidden (for the rest of the test);
+    the float pair is not ready."""
+    folder = _converted_folder(cat, "tiny-target")
+    assert not (folder / "model.safetensors").exists()
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    from assistgen.models.conversion import pack_ready
+    cpu = torch.device("cpu")
+    assert pack_ready(cat.models["tiny-target-w8a8"], cat, cpu) and pack_ready(cat.models["tiny-assistant-int8"], cat, cpu)
+    assert not pack_ready(cat.models["tiny-target"], cat, cpu)
+    import assistgen.models.gguf
+    import assistgen.models.quantized
+
+    def here(*args, **kwargs):
+        raise AssertionError("converted or quantized again")
+    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)      # for the rest of the test
+    monkeypatch.setattr(assistgen.models.quantized, "store", here)
+    loaded = load_prepared(cat.models["tiny-target-w8a8"], cat)
+    assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
+
+
 def test_prepare_by_default_prepares_the_default_pairs_and_drops_a_float_conversion_made_only_to_be_quantized(
         catalog, capsys, monkeypatch):
     path = _int8_default(catalog[0])
@@ -119,24 +141,7 @@ def test_prepare_by_default_prepares_the_default_pairs_and_drops_a_float_convers
     assert "tiny-target-w8a8: converted and quantized" in out
     assert "tiny-assistant-int8: quantized; its float weights dropped" in out   # after the last model reading them
     assert "tiny-target:" not in out                      # the float pair is not a default here: not prepared
-    cat = load_catalog(path)
-    folder = _converted_folder(cat, "tiny-target")
-    assert not (folder / "model.safetensors").exists()
-    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
-    from assistgen.models.conversion import pack_ready
-    cpu = torch.device("cpu")
-    assert pack_ready(cat.models["tiny-target-w8a8"], cat, cpu) and pack_ready(cat.models["tiny-assistant-int8"], cat, cpu)
-    assert not pack_ready(cat.models["tiny-target"], cat, cpu)
-
-    import assistgen.models.gguf
-    import assistgen.models.quantized
-
-    def here(*args, **kwargs):
-        raise AssertionError("converted or quantized again")
-    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
-    monkeypatch.setattr(assistgen.models.quantized, "store", here)
-    loaded = load_prepared(cat.models["tiny-target-w8a8"], cat)     # from the int8 copy alone, in this process
-    assert loaded.model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
+    _the_int8_pair_loads_without_its_float_weights(load_catalog(path), monkeypatch)
     assert main(["--catalog", str(path), "prepare"]) == 0
     again = capsys.readouterr().out
     assert "tiny-target-w8a8: already prepared" in again and "tiny-assistant-int8: already prepared" in again
@@ -195,18 +200,8 @@ def test_prepare_says_what_the_default_pairs_do_not_load_and_prune_removes_it(ca
     assert main(["--catalog", str(path), "prepare", "--prune"]) == 0
     out = capsys.readouterr().out
     assert f"removed the float weights of {folder.name}" in out and f"removed {onednn.name} (" in out
-    assert not (folder / "model.safetensors").exists() and not onednn.exists()
-    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
-    cpu = torch.device("cpu")
-    from assistgen.models.conversion import pack_ready
-    assert pack_ready(cat.models["tiny-target-w8a8"], cat, cpu) and pack_ready(cat.models["tiny-assistant-int8"], cat, cpu)
-    assert not pack_ready(cat.models["tiny-target"], cat, cpu)
-    import assistgen.models.gguf
-
-    def here(*args, **kwargs):
-        raise AssertionError("converted again")
-    monkeypatch.setattr(assistgen.models.gguf, "gguf_to_hf", here)
-    assert load_prepared(cat.models["tiny-target-w8a8"], cat).model(input_ids=torch.tensor([[5, 9]])).logits.numel()
+    assert not onednn.exists()
+    _the_int8_pair_loads_without_its_float_weights(cat, monkeypatch)
     assert main(["--catalog", str(path), "prepare"]) == 0
     assert "the cache also holds" not in capsys.readouterr().out
 
