@@ -52,6 +52,7 @@ class Service:
         self.hardware = hardware(self.device)
         self._ready: set[str] = set()             # pairs seen available and within the memory budget
         self._defaults: set[str] | None = None
+        self._preloading: set[str] = set()        # pairs the start-up preload has yet to finish
         self.pool = pool or ModelPool(catalog)
         self.limits = limits or limits_from_env()
         # all model work runs on one thread: one request at a time, so timings never mix, on the thread the warm-up
@@ -126,9 +127,12 @@ class Service:
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
                 f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}"
                 + (f" · {chosen}" if chosen else "")
-                + (f" · **not prepared here yet** ({', '.join(unprepared)}): its first run converts the weights once, "
+                + ("" if not unprepared else
+                   f" · **being prepared here** ({', '.join(unprepared)}): the start-up preload converts the weights "
+                   "once, in a separate process; a run waits for it" if pair_name in self._preloading else
+                   f" · **not prepared here yet** ({', '.join(unprepared)}): its first run converts the weights once, "
                    f"in a separate process, before timing anything (ahead of time: `python -m assistgen prepare "
-                   f"--pair {pair_name}`)" if unprepared else ""))
+                   f"--pair {pair_name}`)"))
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:
@@ -185,11 +189,14 @@ class Service:
         does this in the background at start-up). Returns the pairs that failed; a failure here is reported again,
         with its reason, to whoever picks that pair."""
         failed = []
+        self._preloading.update(pair_names)
         for name in pair_names:
             try:
                 self.model_thread.call(self._load_and_warm_up, name)
             except Exception:  # the pair's own request will show the reason
                 failed.append(name)
+            finally:
+                self._preloading.discard(name)
         return failed
 
     def _load_and_warm_up(self, name: str) -> None:

@@ -237,8 +237,13 @@ def test_the_page_says_a_pair_is_not_prepared_until_its_first_run_prepares_it(ca
     assert "not prepared here yet" not in service.pair_info("tiny-pair-w8a8")
     before = service.pair_info("tiny-pair")
     assert "not prepared here yet** (tiny-target)" in before and "prepare --pair tiny-pair" in before
+    seen = []     # what the line says while the start-up preload has the pair in hand (here: preparing nothing)
+    service._load_and_warm_up = lambda name: seen.append(service.pair_info(name))
+    assert service.preload(["tiny-pair"]) == []
+    assert "being prepared here** (tiny-target)" in seen[0] and "not prepared" not in seen[0]
+    assert "not prepared here yet" in service.pair_info("tiny-pair") and "being" not in service.pair_info("tiny-pair")
     load_prepared(service.catalog.models["tiny-target"], service.catalog)     # what its first run does
-    assert "not prepared here yet" not in service.pair_info("tiny-pair")
+    assert "prepared here" not in service.pair_info("tiny-pair")
 
 
 def test_a_missing_pack_exits_2_with_the_pip_command(catalog, capsys):
