@@ -117,9 +117,9 @@ class Service:
         return spec.max_new_tokens, spec.draft_source, spec.num_assistant_tokens, spec.schedule
 
     def pair_info(self, pair_name: str) -> str:
-        """One line under the pair dropdown: what the pair is, its defaults, and whether its first run here will
-        prepare weights first (read from the cache's markers at each call, so it is current when a pair is picked
-        and after a run)."""
+        """One line under the pair dropdown: what the pair is, its defaults, and whether its weights are still to be
+        prepared here (by the start-up preload, or else by its first run), read from the cache's markers at each call:
+        when a pair is picked, at a page load, after a run."""
         spec = self._spec(pair_name)
         chosen = self.chosen_for(pair_name)
         unprepared = [m.name for m in (spec.target, spec.assistant)

@@ -68,7 +68,7 @@ def pack_ready(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
         return False
     # The packed linear layers are not asked for: a cache without them (made before they were stored, or on a full
     # disk) loads by packing at each load, as it did, rather than sending every load to a child to try again.
-    if spec.quantization in TORCH_INT8 and device.type == "cpu":
+    if loads_int8_copy(spec, device):
         return int8_stored(out_dir, spec)
     return float_weights_kept(out_dir)
 
@@ -99,6 +99,11 @@ def convert_pack(spec: ModelSpec, catalog: Catalog, dtype: torch.dtype, progress
         ct2_to_hf(files["model.bin"], files["config.json"], files["tokenizer.json"], out_dir, dtype=dtype)
         (out_dir / CONVERSION_MARKER).write_text(json.dumps(_ct2_marker(spec, catalog, dtype)))
     return out_dir, True
+
+
+def loads_int8_copy(spec: ModelSpec, device: torch.device) -> bool:
+    """Whether `spec` loads from an int8 copy stored beside its conversion (torch's int8 kinds, on a CPU)."""
+    return spec.quantization in TORCH_INT8 and device.type == "cpu"
 
 
 def float_weights_kept(folder: Path) -> bool:

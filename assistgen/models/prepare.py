@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..choices import TASKS
-from .catalog import TORCH_INT8, Catalog, ModelSpec, PairSpec
+from .catalog import Catalog, ModelSpec, PairSpec
 from .availability import availability, note_failure
 from .conversion import (WEIGHTS, conversion_folder, convert_pack, drop_float_weights, float_weights_kept,
-                         float_weights_needed, int8_folder, int8_stored, pack_dtype, pack_ready, packed_stored,
-                         packs_onednn, store_packed)
+                         float_weights_needed, int8_folder, int8_stored, loads_int8_copy, pack_dtype, pack_ready,
+                         packed_stored, packs_onednn, store_packed)
 from .devices import default_device
 from .loading import LoadedModel, LoadError, load_model
 from .packed import can_store, packed_folder
@@ -96,7 +96,7 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
         folder, converted = convert_pack(spec, catalog, pack_dtype(spec, device), sub)
         if converted:
             made.add(folder)
-        quantized = spec.quantization in TORCH_INT8 and device.type == "cpu" and not int8_stored(folder, spec)
+        quantized = loads_int8_copy(spec, device) and not int8_stored(folder, spec)
         packed = packs_onednn(spec, device) and can_store() and not packed_stored(folder)
         if quantized:
             load_model(spec, catalog, device=device, progress=sub)  # quantizes once, stores
@@ -127,8 +127,7 @@ def prepare_models(catalog: Catalog, models: list[ModelSpec],
 def _float_weights_loaded(catalog: Catalog, models: list[ModelSpec], device) -> set[Path]:
     """The conversions whose float weights some model loads: one of `models` that runs in float, or a model of a
     default pair that needs them (one not yet stored in int8, or one that runs in float)."""
-    stored_int8 = TORCH_INT8 if device.type == "cpu" else ()   # the kinds stored in int8 apart from their conversion
-    float_here = [spec for spec in models if spec.quantization not in stored_int8]
+    float_here = [spec for spec in models if not loads_int8_copy(spec, device)]
     defaults = [spec for spec in _models_of(default_pack_pairs(catalog, device))
                 if spec not in models and float_weights_needed(spec, conversion_folder(spec, catalog, device))]
     return {conversion_folder(spec, catalog, device) for spec in [*float_here, *defaults]}
@@ -152,12 +151,13 @@ def prunable(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
     assembled packs are not counted (a pair chosen later converts from them), nor anything the catalog does not name."""
     device = default_device()
     loaded: set[Path] = set()
-    float_read: dict[Path, bool] = {}      # a kept model's conversion -> whether some kept model reads its float weights
+    float_read: set[Path] = set()      # the kept conversions whose float weights some kept model reads
     for spec in kept:
         folder = conversion_folder(spec, catalog, device)
         loaded.add(folder)
-        float_read[folder] = float_read.get(folder, False) or float_weights_needed(spec, folder)
-        if spec.quantization in TORCH_INT8 and device.type == "cpu":
+        if float_weights_needed(spec, folder):
+            float_read.add(folder)
+        if loads_int8_copy(spec, device):
             loaded.add(int8_folder(folder, spec))
         if packs_onednn(spec, device):
             loaded.add(packed_folder(folder))
@@ -169,7 +169,7 @@ def prunable(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
         for path in (folder, int8_folder(folder, spec), packed_folder(folder)):
             if path not in loaded and path not in found and path.is_dir():
                 found[path] = Prunable(path, disk_bytes(path), "folder")
-        if folder in loaded and not float_read[folder] and float_weights_kept(folder) and folder not in found:
+        if folder in loaded and folder not in float_read and float_weights_kept(folder) and folder not in found:
             found[folder] = Prunable(folder, disk_bytes(folder / WEIGHTS), "float weights")
     return list(found.values())
 
