@@ -15,6 +15,13 @@ TEXT_TASKS = tuple(task for task in TASKS if task != "asr")
 SCHEDULE_NAMES = tuple(SCHEDULES)                      # num_assistant_tokens_schedule
 DRAFT_SOURCES = {"assistant": "assistant model", "assistant_lookup": "assistant + prompt lookup",
                  "prompt_lookup": "prompt lookup (no model)"}
+# The page's names, as the command line takes them ("speech-recognition", "assistant+lookup"), each to its id; the ids
+# themselves are names too.
+TASK_NAMES = {**{label.lower().replace(" ", "-"): task for task, label in TASK_LABELS.items()},
+              **{task: task for task in TASKS}}
+DRAFT_SOURCE_NAMES = {"assistant-model": "assistant", "assistant+lookup": "assistant_lookup",
+                      "assistant+prompt-lookup": "assistant_lookup", "prompt-lookup": "prompt_lookup",
+                      **{name: name for name in DRAFT_SOURCES}}
 MODE_LABELS = {"same-tokenizer": "same tokenizer", "different-tokenizer": "different tokenizers",
                "no-assistant": "no assistant"}                  # how a pair's assistant relates to its target
 WINDOW_RANGE = (1, 64)                                 # num_assistant_tokens, the initial window

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
 from .breakeven import DISAGREE, BreakEven, break_even_figure
 from .compare import Settings
 
@@ -51,14 +51,16 @@ def parse_values(over: str, values: str | list) -> list:
                 raise ValueError(f"temperature must be from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}, "
                                  f"got {item}")
         elif over == "num_assistant_tokens":
-            if not item.isdigit() or not WINDOW_RANGE[0] <= int(item) <= WINDOW_RANGE[1]:
+            if not (item.isascii() and item.isdigit()) or not WINDOW_RANGE[0] <= int(item) <= WINDOW_RANGE[1]:
                 raise ValueError(f"the window must be a whole number from {WINDOW_RANGE[0]} to {WINDOW_RANGE[1]}, "
                                  f"got {item!r}")
             value = int(item)
         elif over == "schedule" and item not in SCHEDULE_NAMES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {item!r}")
-        elif over == "draft_source" and item not in DRAFT_SOURCES:
-            raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {item!r}")
+        elif over == "draft_source":
+            if item.lower() not in DRAFT_SOURCE_NAMES:
+                raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCE_NAMES)}, got {item!r}")
+            value = DRAFT_SOURCE_NAMES[item.lower()]
         else:
             value = item
         parsed.append(value)

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TEMPERATURE_RANGE, TEXT_TASKS
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RANGE, TEXT_TASKS
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
@@ -52,7 +52,7 @@ from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
 from .peers import LLAMA_SERVER_ENV, PEERS, llama_server_path, start_peer
 from .report import markdown, plots, summarize
-from .terminal import CliError, load_pair, progress_bar
+from .terminal import CliError, load_pair, named_list, progress_bar
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 HALVES = ("tuning", "held-out")   # each set's odd-numbered items, its even-numbered ones (`half`)
@@ -415,8 +415,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="per run (a recording: per 30 s window); default: each pair's own, as in the app")
     p.add_argument("--temperatures", type=_floats, default=[0.0], help="comma-separated, e.g. 0,0.3,0.7,1.0")
-    p.add_argument("--draft-sources", type=_names(list(DRAFT_SOURCES)), default=None,
-                   help="comma-separated, of " + ", ".join(DRAFT_SOURCES) + " (default: each pair's own)")
+    p.add_argument("--draft-sources", type=named_list(DRAFT_SOURCE_NAMES, "draft source"), default=None,
+                   help="comma-separated, of assistant, assistant+lookup, prompt-lookup (default: each pair's own)")
     p.add_argument("--schedules", type=_names(SCHEDULE_NAMES), default=None,
                    help="comma-separated (default: each pair's own, from models.yaml, as the app runs it)")
     p.add_argument("--num-assistant-tokens", type=_ints, default=None,

@@ -1,4 +1,4 @@
-"""python -m assistgen {models,prepare,fetch,compare,bench,engine-bench}: the library from a shell."""
+"""python -m assistgen {models,prepare,fetch,compare,bench,sweep,engine-bench}: the library from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
                           language_text, windows_text)
 from ..app.service import Service
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASK_LABELS, TASKS
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
 from ..comparison.compare import compare
 from ..comparison.request import request_inputs
 from ..comparison.tasks import LANGUAGES, InputError
@@ -20,7 +20,7 @@ from ..models.machine import machine_text
 from ..models.packs import PackError, cache_dir, disk_bytes
 from ..models.prepare import kept_models, prepare, prunable, prune
 from . import bench, enginebench, sweep
-from .terminal import CliError, checked_request, load_pair, pair_for, progress_bar
+from .terminal import CliError, checked_request, load_pair, named, pair_for, progress_bar
 
 
 def cmd_models(args) -> int:
@@ -140,25 +140,6 @@ def cmd_compare(args) -> int:
     return 0
 
 
-# The page's names on the command line ("speech-recognition", "assistant+lookup"); the ids stay accepted.
-TASK_NAMES = {**{label.lower().replace(" ", "-"): task for task, label in TASK_LABELS.items()},
-              **{task: task for task in TASKS}}
-DRAFT_SOURCE_NAMES = {"assistant": "assistant", "assistant-model": "assistant", "assistant+lookup": "assistant_lookup",
-                      "assistant+prompt-lookup": "assistant_lookup", "prompt-lookup": "prompt_lookup",
-                      **{name: name for name in DRAFT_SOURCES}}
-
-
-def _named(names: dict[str, str], what: str):
-    """An argparse type: a name (the page's, or the id) to its id."""
-    def parse(text: str) -> str:
-        try:
-            return names[text.strip().lower()]
-        except KeyError:
-            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose from {', '.join(names)}") from None
-    parse.__name__ = what
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m assistgen", description="See, measure and explain assisted "
                                      "generation (speculative decoding).")
@@ -181,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(run=cmd_fetch)
     comp = sub.add_parser("compare", help="run baseline, then assisted generation, on one input")
     comp.add_argument("--pair", required=True, help="the model pair, as `models` lists it")
-    comp.add_argument("--task", required=True, type=_named(TASK_NAMES, "task"), metavar="TASK",
+    comp.add_argument("--task", required=True, type=named(TASK_NAMES, "task"), metavar="TASK",
                       help="chat, translation, summarization or speech-recognition (asr)")
     source = comp.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the input text (chat, translation, summarization)")
@@ -189,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--max-new-tokens", type=int, metavar="N",
                       help="max new tokens per run (speech: per 30 s window); default: the pair's own")
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    comp.add_argument("--draft-source", type=_named(DRAFT_SOURCE_NAMES, "draft source"), metavar="SOURCE",
+    comp.add_argument("--draft-source", type=named(DRAFT_SOURCE_NAMES, "draft source"), metavar="SOURCE",
                       help="assistant, assistant+lookup (assistant + prompt lookup) or prompt-lookup; the ids "
                            "assistant_lookup and prompt_lookup too; default: the pair's own (models.yaml)")
     comp.add_argument("--num-assistant-tokens", type=int, metavar="N",

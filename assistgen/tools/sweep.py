@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES, TASKS
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
 from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
 from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, parse_values, run_sweep,
@@ -28,25 +28,27 @@ from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
 from ..models.loading import LoadError
 from ..models.pool import ModelPool
-from .terminal import CliError, checked_request, pair_for, progress_bar
+from .terminal import CliError, checked_request, named, pair_for, progress_bar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m assistgen sweep` (the catalog is the command line's global --catalog)."""
     p.add_argument("--pair", required=True, help="the pair (sweeping the assistant: the pair whose target is kept)")
-    p.add_argument("--task", required=True, choices=TASKS, help="the task the input is for")
+    p.add_argument("--task", required=True, type=named(TASK_NAMES, "task"), metavar="TASK",
+                   help="the task the input is for: chat, translation, summarization or speech-recognition (asr)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the prompt (chat), or the text to translate or summarize")
     source.add_argument("--audio", help="a speech clip (task asr)")
     p.add_argument("--over", required=True, choices=list(OVER), help="the setting to sweep")
     p.add_argument("--values", required=True,
                    help="comma-separated values of --over: temperatures (0 = greedy), windows, schedule names ("
-                        + ", ".join(SCHEDULE_NAMES) + "), draft sources (" + ", ".join(DRAFT_SOURCES)
+                        + ", ".join(SCHEDULE_NAMES) + "), draft sources (assistant, assistant+lookup, prompt-lookup)"
                         + ") or pair names sharing --pair's target")
     p.add_argument("--repeats", type=int, default=2, help=f"runs per value, 1 to {MAX_REPEATS} (default 2)")
     p.add_argument("--max-new-tokens", type=int, help="per run (default: the pair's own)")
     p.add_argument("--temperature", type=float, default=0.0, help="when not swept: 0 = greedy (default)")
-    p.add_argument("--draft-source", choices=list(DRAFT_SOURCES), help="when not swept (default: the pair's own)")
+    p.add_argument("--draft-source", type=named(DRAFT_SOURCE_NAMES, "draft source"), metavar="SOURCE",
+                   help="assistant, assistant+lookup or prompt-lookup, when not swept (default: the pair's own)")
     p.add_argument("--num-assistant-tokens", type=int, help="the initial window, when not swept (default: the pair's)")
     p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="when not swept (default: the pair's own)")
     p.add_argument("--target-language", default="French", help="translation: into this (default French)")

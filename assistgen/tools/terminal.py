@@ -2,6 +2,7 @@
 stderr, and loading a pair with one."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -17,6 +18,30 @@ from ..models.pool import ModelPool
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+def named(names: dict[str, str], what: str):
+    """An argparse type: a name (the page's, or the id: `choices.TASK_NAMES`, `DRAFT_SOURCE_NAMES`) to its id."""
+    def parse(text: str) -> str:
+        try:
+            return names[text.strip().lower()]
+        except KeyError:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; choose from {', '.join(names)}") from None
+    parse.__name__ = what
+    return parse
+
+
+def named_list(names: dict[str, str], what: str):
+    """An argparse type: comma-separated names to their ids, each once."""
+    one = named(names, what)
+
+    def parse(text: str) -> list[str]:
+        values = [one(v) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"name at least one {what}")
+        return list(dict.fromkeys(values))
+    parse.__name__ = what
+    return parse
 
 
 def pair_for(catalog: Catalog, name: str, task: str, audio) -> PairSpec:

@@ -89,14 +89,20 @@ def test_every_option_of_every_command_has_help_text():
     assert not missing, f"options without help text: {missing}"
 
 
-def test_compare_takes_the_pages_names_and_the_ids(tiny_catalog_path):
+def test_compare_sweep_and_bench_take_the_pages_names_and_the_ids(tiny_catalog_path):
+    from assistgen.comparison.sweep import parse_values
     from assistgen.tools.cli import build_parser
     parse = build_parser().parse_args
     for task, source, ids in (("speech-recognition", "assistant+lookup", ("asr", "assistant_lookup")),
                               ("asr", "prompt_lookup", ("asr", "prompt_lookup")),
                               ("Chat", "prompt-lookup", ("chat", "prompt_lookup"))):
-        args = parse(["compare", "--pair", "p", "--task", task, "--text", "x", "--draft-source", source])
-        assert (args.task, args.draft_source) == ids
+        for command in ("compare", "sweep"):
+            over = ["--over", "temperature", "--values", "0"] if command == "sweep" else []
+            args = parse([command, "--pair", "p", "--task", task, "--text", "x", "--draft-source", source, *over])
+            assert (args.task, args.draft_source) == ids
+    args = parse(["bench", "--pair", "p", "--draft-sources", "assistant+lookup,prompt-lookup,assistant_lookup"])
+    assert args.draft_sources == ["assistant_lookup", "prompt_lookup"]
+    assert parse_values("draft_source", "assistant+lookup,prompt_lookup") == ["assistant_lookup", "prompt_lookup"]
     out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
               "dance", "--text", "x")
     assert out.returncode == 2 and "unknown task 'dance'" in out.stderr
