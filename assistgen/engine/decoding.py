@@ -168,6 +168,7 @@ def _max_positions(model) -> int | None:
     return None
 
 
+@torch.inference_mode()   # the encoders too: no autograd graph held beside the outputs
 def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tokens: int = 0,
              max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              seed: int | None = None, num_assistant_tokens: int = 5,

@@ -48,6 +48,7 @@ class CachedDecoder:
     (`attention.separate_prompt_pass`).
     """
 
+    @torch.inference_mode()   # the encoder runs here: without it, autograd would keep its activations
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
                  target_key_values: whisper_decoder.KeyValues | None = None):
         self.model = model
@@ -85,8 +86,7 @@ class CachedDecoder:
             if assistant:
                 self._step = whisper_decoder.WhisperDecoderStep(model, hidden, target_key_values)
             elif config.is_encoder_decoder:
-                with torch.inference_mode():
-                    self.cross_key_values = whisper_decoder.cross_key_values(model, hidden)
+                self.cross_key_values = whisper_decoder.cross_key_values(model, hidden)
                 self._cache = whisper_decoder.prefilled_cache(model, self.cross_key_values)
         elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
             self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)

@@ -204,6 +204,7 @@ class WhisperDecoderStep:
 
 # --- an assistant's view of the clip -----------------------------------------------------------------------------
 
+@torch.inference_mode()
 def clip_encoder_outputs(model, features: torch.Tensor, frames: int, margin_s: float) -> BaseModelOutput:
     """A Whisper encoder's output over the first `frames` mel frames (100 a second) plus `margin_s`, not the whole
     30 s window: the positional embedding is sliced to match. The encoder's cost grows with its length, and a clip of

@@ -8,6 +8,7 @@ from assistgen.engine.decoding import generate
 from assistgen.engine.kv import CachedDecoder
 from assistgen.models import quantized
 from assistgen.engine.fusing import fused_linear
+from assistgen.engine import whisper_decoder
 from assistgen.engine.whisper_decoder import WhisperDecoderStep, supports
 
 
@@ -151,3 +152,23 @@ def test_an_assistant_takes_the_targets_cross_attention_only_where_its_own_proje
     baseline = generate(target, inputs, max_new_tokens=20)
     assisted = generate(target, inputs, assistant_model=int8_copy, max_new_tokens=20)
     assert assisted.new_tokens == baseline.new_tokens and assisted.assistant_passes > 0
+
+
+def test_no_encoder_keeps_an_autograd_graph_beside_its_output():
+    # a loaded model's parameters require grad: an encoder run outside inference mode would keep every layer's
+    # activations for a backward pass that never comes, as long as its output is held (a speed probe's, for good)
+    target, assistant = tm.whisper(0).requires_grad_(True), tm.whisper(1, layers=1).requires_grad_(True)
+    frames = torch.zeros(1, 32, dtype=torch.long)
+    frames[:, :12] = 1
+    inputs = {**tm.whisper_inputs(0), "attention_mask": frames}
+    decoder = CachedDecoder(target, inputs, prefix_length=3)
+    assert decoder.encoder_outputs.last_hidden_state.grad_fn is None
+    seen = []   # whether autograd records, in the assistant's first encoder layer (it reads the clip's frames)
+    layer = assistant.get_encoder().layers[0]
+    hook = layer.register_forward_pre_hook(lambda module, args: seen.append(torch.is_grad_enabled()))
+    try:
+        generate(target, inputs, assistant_model=assistant, max_new_tokens=4)
+    finally:
+        hook.remove()
+    clip = whisper_decoder.clip_encoder_outputs(assistant, inputs["input_features"], 12, 0.02)
+    assert clip.last_hidden_state.grad_fn is None and seen == [False]
