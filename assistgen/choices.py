@@ -27,6 +27,16 @@ MODE_LABELS = {"same-tokenizer": "same tokenizer", "different-tokenizer": "diffe
 WINDOW_RANGE = (1, 64)                                 # num_assistant_tokens, the initial window
 MAX_NEW_TOKENS_RANGE = (1, 1024)
 TEMPERATURE_RANGE = (0.0, 2.0)                         # 0 means greedy
+MIN_SAMPLING_TEMPERATURE = 0.01                        # below it, logits / T overflow float32
+
+
+def temperature_allowed(value: float) -> bool:
+    """0 (greedy), or a sampling temperature within `TEMPERATURE_RANGE` from `MIN_SAMPLING_TEMPERATURE` up."""
+    low, high = TEMPERATURE_RANGE
+    return value == low or MIN_SAMPLING_TEMPERATURE <= value <= high
+
+
+TEMPERATURE_RULE = f"{TEMPERATURE_RANGE[0]:g} (greedy) or from {MIN_SAMPLING_TEMPERATURE:g} to {TEMPERATURE_RANGE[1]:g}"
 
 # What one request may ask of the machine; each can be lowered or raised for a deployment by its environment
 # variable, read only by `limits_from_env`.
@@ -34,6 +44,21 @@ MAX_INPUT_TOKENS = 2048                                # a text prompt, after th
 MAX_AUDIO_SECONDS = 600.0                              # a recording, transcribed in windows of 30 s
 MAX_FILE_SIZE = "25mb"                                 # an upload, refused by the server before it is read
 MAX_GENERATION_SECONDS = 300.0                         # each run (the page's and the API's), cut short past it
+
+
+FILE_SIZE_UNITS = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}   # Gradio's, in multiples of 1024
+
+
+def file_size_bytes(size: str | int) -> int:
+    """Bytes in a size written in Gradio's notation ("25mb", "1gb", or a whole number of bytes)."""
+    if isinstance(size, int):
+        return size
+    text = size.replace(" ", "").lower()
+    digits = len(text) - len(text.lstrip("0123456789"))
+    unit = text[digits:] or "b"
+    if not digits or unit not in FILE_SIZE_UNITS:
+        raise ValueError(f"a file size is a whole number and a unit ({', '.join(FILE_SIZE_UNITS)}), got {size!r}")
+    return int(text[:digits]) * FILE_SIZE_UNITS[unit]
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from ..choices import limits_from_env
+from ..choices import file_size_bytes, limits_from_env
 from .tasks import SAMPLE_RATE, InputError
 
 MIN_SECONDS = 0.1
 SILENCE_PEAK = 1e-4
+MAX_SAMPLE_RATE = 192_000   # a small file at a huge rate would decode to gigabytes
+BLOCK_FRAMES = 2**18        # decoded and down-mixed a block at a time: no file's channels are held all at once
 
 
 def duration_text(seconds: float) -> str:
@@ -30,23 +32,32 @@ FFMPEG_OPTIONS = {"protocol_whitelist": "file", "enable_drefs": "0",   # no MOV 
                   "format_whitelist": "mov,mp4,m4a,3gp,matroska,webm,aac,asf,amr,ogg,mp3,wav,w64,flac,caf,aiff,avi"}
 
 
-def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None) -> np.ndarray:
-    """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, undecodable, too long, too
-    short or silent audio. The length is read from the file's header before anything is decoded."""
-    max_seconds = limits_from_env().max_audio_s if max_seconds is None else max_seconds
+def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None,
+               max_file_size: str | int | None = None) -> np.ndarray:
+    """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, too large, undecodable, too
+    long, too short or silent audio. The size and the length (from the file's header) are checked before anything is
+    decoded; the size here too, since a file can arrive otherwise than as an upload (an API call's URL)."""
+    limits = limits_from_env()
+    max_seconds = limits.max_audio_s if max_seconds is None else max_seconds
+    max_file_size = limits.max_file_size if max_file_size is None else max_file_size
     if path is None or str(path).strip() == "":
         raise InputError("no audio: upload a clip or record one with the microphone")
     path = Path(path)
     if not path.is_file():
         raise InputError(f"the audio file {path.name!r} is missing; upload it again")
-    samples, rate = _decode(path, max_seconds)
-    mono = samples.mean(axis=1)
+    size, allowed = path.stat().st_size, file_size_bytes(max_file_size)
+    if size > allowed:
+        raise InputError(f"the file is {size / 2**20:.1f} MB; the limit is {allowed / 2**20:.0f} MB "
+                         "(ASSISTGEN_MAX_FILE_SIZE): trim it or export it compressed (FLAC, MP3)")
+    mono, rate = _decode(path, max_seconds)
     seconds = len(mono) / rate
     if seconds > max_seconds:  # formats whose header does not state a length
         raise InputError(f"the recording is longer than the {duration_text(max_seconds)} limit: trim it or split it")
     if seconds < MIN_SECONDS:
         raise InputError(f"the clip is {seconds * 1000:.0f} ms long; record at least {MIN_SECONDS:.1f} s of speech")
-    if not np.isfinite(mono).all() or float(np.abs(mono).max()) < SILENCE_PEAK:
+    if not np.isfinite(mono).all():
+        raise InputError(f"{path.name!r} holds samples that are not numbers (damaged); export it again")
+    if float(np.abs(mono).max()) < SILENCE_PEAK:
         raise InputError("the clip is silent: check the microphone or pick another file")
     if rate != SAMPLE_RATE:
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
@@ -59,30 +70,46 @@ def _too_long(duration: float | None, max_seconds: float) -> None:
                          "(ASSISTGEN_MAX_AUDIO_SECONDS): trim it or split it")
 
 
+def _check_rate(rate: int) -> None:
+    if rate > MAX_SAMPLE_RATE:
+        raise InputError(f"the recording is sampled at {rate:,} Hz; the most this app reads is {MAX_SAMPLE_RATE:,} "
+                         "Hz: export it at 48 kHz or lower")
+
+
 def _check_complete(path: Path, decoded: int, expected: int, rate: int) -> None:
     if decoded == 0:
-        raise InputError(f"{path.name!r} holds no audio samples")
+        raise InputError(f"{path.name!r} holds no audio samples: record again, or pick a clip with sound in it")
     if decoded < 0.9 * expected:  # e.g. an MP3 cut short: its header promises more than is there
         raise InputError(f"{path.name!r} is damaged or truncated: its header promises {expected / rate:.1f} s but "
                          f"only {decoded / rate:.1f} s can be decoded; export it again")
 
 
 def _decode(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
-    """(samples × channels, float32; sample rate), at most `max_seconds` + 1 s of them: libsndfile for WAV, FLAC,
-    MP3 and OGG (Vorbis, Opus); FFmpeg (PyAV) for what it cannot read, such as a phone's M4A (AAC), a browser's WebM
-    recording or a video's sound track."""
+    """(mono samples, float32, the channels averaged; sample rate), at most `max_seconds` + 1 s of them: libsndfile
+    for WAV, FLAC, MP3 and OGG (Vorbis, Opus); FFmpeg (PyAV) for what it cannot read, such as a phone's M4A (AAC), a
+    browser's WebM recording or a video's sound track."""
     try:
         info = sf.info(str(path))
     except Exception:
         return _decode_with_ffmpeg(path, max_seconds)
+    _check_rate(info.samplerate)
     _too_long(info.frames / info.samplerate if info.samplerate and info.frames > 0 else None, max_seconds)
     limit = int((max_seconds + 1) * info.samplerate)
     try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=limit)
+        with sf.SoundFile(str(path)) as file:
+            blocks, decoded = [], 0
+            while decoded < limit:
+                block = file.read(min(BLOCK_FRAMES, limit - decoded), dtype="float32", always_2d=True)
+                if not len(block):
+                    break
+                blocks.append(block.mean(axis=1))
+                decoded += len(block)
+            rate = file.samplerate
     except Exception:
         raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
-    _check_complete(path, len(samples), min(info.frames, limit) if info.frames > 0 else 0, rate)
-    return samples, rate
+    mono = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+    _check_complete(path, len(mono), min(info.frames, limit) if info.frames > 0 else 0, rate)
+    return mono, rate
 
 
 def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int]:
@@ -102,6 +129,7 @@ def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int
         rate = stream.rate
         if not rate:
             raise undecodable
+        _check_rate(rate)
         duration = _stated_seconds(container, stream)
         _too_long(duration, max_seconds)
         limit = int((max_seconds + 1) * rate)
@@ -131,7 +159,7 @@ def _decode_with_ffmpeg(path: Path, max_seconds: float) -> tuple[np.ndarray, int
             if not chunks:
                 raise undecodable from None
             raise InputError(f"{path.name!r} is damaged or truncated and cannot be decoded; export it again") from None
-    samples = (np.concatenate(chunks)[:limit] if chunks else np.zeros(0, np.float32))[:, None]
+    samples = np.concatenate(chunks)[:limit] if chunks else np.zeros(0, np.float32)
     _check_complete(path, len(samples), min(int(duration * rate), limit) if duration else 0, rate)
     return samples, rate
 

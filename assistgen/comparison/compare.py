@@ -5,7 +5,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
+from ..choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RULE, WINDOW_RANGE,
+                       temperature_allowed)
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.drafting import PaybackCosts
 from ..engine.schedules import AdaptiveSchedule
@@ -34,14 +35,13 @@ class Settings:
     max_time_s: float | None = None
 
     def validate(self) -> "Settings":
-        (low, high), (t_low, t_high), (w_low, w_high) = MAX_NEW_TOKENS_RANGE, TEMPERATURE_RANGE, WINDOW_RANGE
+        (low, high), (w_low, w_high) = MAX_NEW_TOKENS_RANGE, WINDOW_RANGE
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or \
                 not low <= self.max_new_tokens <= high:
             raise ValueError(f"max_new_tokens must be a whole number from {low} to {high}, "
                              f"got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not t_low <= self.temperature <= t_high:
-            raise ValueError(f"temperature must be a number from {t_low:g} (greedy) to {t_high:g}, "
-                             f"got {self.temperature!r}")
+        if not isinstance(self.temperature, (int, float)) or not temperature_allowed(self.temperature):
+            raise ValueError(f"temperature must be {TEMPERATURE_RULE}, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.draft_source not in DRAFT_SOURCES:

@@ -18,7 +18,7 @@ from ..models.loading import LoadedPair
 from .audio import load_audio
 from .compare import Inputs, Settings
 from .speech import detect_language, languages, speech_windows
-from .tasks import LANGUAGES, InputError, text_inputs
+from .tasks import LANGUAGES, InputError, check_text, text_inputs
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,14 @@ def number(name: str, value, kind: type):
             value = float(value)
         except ValueError:
             raise InputError(f"{name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:   # NaN is not itself
         raise InputError(f"{name} must be a number, got {value!r}")
+    try:
+        finite = math.isfinite(value)   # an int past float's range raises here
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise InputError(f"{name} must be a finite number, got {str(value)[:20]}")
     if kind is int:
         if value != int(value):
             raise InputError(f"{name} must be a whole number, got {value!r}")
@@ -114,12 +120,11 @@ def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | 
     _checked(settings)
     if task == "asr":
         start = time.perf_counter()
-        samples = load_audio(audio, max_seconds=limits.max_audio_s)
+        samples = load_audio(audio, max_seconds=limits.max_audio_s, max_file_size=limits.max_file_size)
         return Request(spec, task, settings, language=None if language in (None, "", "auto") else language,
                        max_input_tokens=limits.max_input_tokens, samples=samples,
                        decode_s=round(time.perf_counter() - start, 4))
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("the text is empty: type or paste something first")
+    check_text(text, limits.max_input_tokens)
     if task == "translation" and target_language not in LANGUAGES:
         raise InputError(f"unknown target language {target_language!r}; choose from {', '.join(LANGUAGES)}")
     return Request(spec, task, settings, text=text, target_language=target_language,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RANGE, WINDOW_RANGE
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, WINDOW_RANGE, temperature_allowed
 from .breakeven import DISAGREE, BreakEven, break_even_figure
 from .compare import Settings
 
@@ -47,9 +47,8 @@ def parse_values(over: str, values: str | list) -> list:
                 value = float(item)
             except ValueError:
                 raise ValueError(f"temperature {item!r} is not a number") from None
-            if not TEMPERATURE_RANGE[0] <= value <= TEMPERATURE_RANGE[1]:
-                raise ValueError(f"temperature must be from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g}, "
-                                 f"got {item}")
+            if not temperature_allowed(value):
+                raise ValueError(f"temperature must be {TEMPERATURE_RULE}, got {item}")
         elif over == "num_assistant_tokens":
             if not (item.isascii() and item.isdigit()) or not WINDOW_RANGE[0] <= int(item) <= WINDOW_RANGE[1]:
                 raise ValueError(f"the window must be a whole number from {WINDOW_RANGE[0]} to {WINDOW_RANGE[1]}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..choices import MAX_INPUT_TOKENS
+from ..engine.decoding import max_positions
 from ..models.loading import LoadedPair
 
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese", "Russian",
@@ -22,20 +23,31 @@ def _instruction(task: str, text: str, target_language: str) -> str:
     return text
 
 
+def check_text(text, max_input_tokens: int) -> None:
+    """What can be said of a text before any model is loaded: it is there, encodable, and not far over the input
+    token budget (no tokenizer pass over megabytes of text)."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text is empty: type or paste something first")
+    if len(text) > 8 * max_input_tokens:
+        raise InputError(f"the text is {len(text):,} characters, far over the {max_input_tokens:,}-token input limit; "
+                         "shorten it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:   # a lone surrogate, from text cut in the middle of a character
+        raise InputError(f"the text holds a broken character at position {exc.start}: paste it again, or retype "
+                         "that part") from None
+
+
 def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str = "French",
                 max_input_tokens: int = MAX_INPUT_TOKENS) -> dict:
     """Tokenized prompt for chat, translation or summarization, within the input token budget."""
     if task not in pair.spec.tasks:
         raise InputError(f"pair {pair.spec.name!r} does not do {task}; it does {', '.join(pair.spec.tasks)}")
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("the text is empty: type or paste something first")
+    check_text(text, max_input_tokens)
     if task == "translation" and target_language not in LANGUAGES:
         raise InputError(f"unknown target language {target_language!r}; choose from {', '.join(LANGUAGES)}")
     tokenizer = pair.target.tokenizer
     style = pair.spec.prompt_style
-    if len(text) > 8 * max_input_tokens:  # cheap early refusal: no tokenizer pass over megabytes of text
-        raise InputError(f"the text is {len(text):,} characters, far over the {max_input_tokens:,}-token input limit; "
-                         "shorten it")
     if style == "chat_template":
         messages = [{"role": "user", "content": _instruction(task, text.strip(), target_language)}]
         inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
@@ -48,6 +60,10 @@ def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str 
     n = inputs["input_ids"].shape[1]
     if n > max_input_tokens:
         raise InputError(f"the text is {n:,} tokens; the limit is {max_input_tokens:,}: shorten it")
+    positions = max_positions(pair.target.model)
+    if positions is not None and n >= positions:   # no room left for a single new token
+        raise InputError(f"the text is {n:,} tokens; {pair.target.spec.name} reads at most {positions:,} positions, "
+                         "its answer included: shorten it")
     return {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
 
 

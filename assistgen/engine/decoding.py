@@ -159,7 +159,8 @@ def decoder_prefix(model, inputs: dict) -> list[int]:
     return ids.tolist()
 
 
-def _max_positions(model) -> int | None:
+def max_positions(model) -> int | None:
+    """The most positions the model reads (prompt and answer together), None where its config states no limit."""
     config = model.config
     for name in ("max_target_positions", "max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
@@ -197,7 +198,7 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
     started = synchronized_clock(model.device)()
     prefix = decoder_prefix(model, inputs)
     eos = eos_token_ids(model, eos_token_id)
-    limit = _max_positions(model)
+    limit = max_positions(model)
     budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")

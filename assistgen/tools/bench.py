@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RANGE, TEXT_TASKS
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, TEXT_TASKS, temperature_allowed
 from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
@@ -375,9 +375,8 @@ def _values(text: str, kind: type, expected: str) -> list:
 
 def _floats(text: str) -> list[float]:
     values = _values(text, float, "comma-separated numbers")
-    low, high = TEMPERATURE_RANGE
-    if not values or any(not low <= v <= high for v in values):
-        raise argparse.ArgumentTypeError(f"temperatures must be from {low:g} to {high:g}")
+    if not values or not all(temperature_allowed(v) for v in values):
+        raise argparse.ArgumentTypeError(f"each temperature must be {TEMPERATURE_RULE}")
     return values
 
 

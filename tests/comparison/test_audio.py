@@ -3,6 +3,7 @@ mono, decoded to the same 16 kHz mono samples as the WAV they were made from (li
 OGG; FFmpeg, through PyAV, the rest)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import av
@@ -125,3 +126,33 @@ def test_a_stream_whose_layout_changes_midway_decodes_whole(speech, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     decoded = load_audio("take:2.aac")   # a colon in a relative name, as a phone may name a take, is no protocol
     assert abs(len(decoded) - 2 * len(samples)) < 0.3 * 16000
+
+
+def test_a_file_whose_rate_would_decode_to_gigabytes_is_refused_from_its_header(tmp_path, monkeypatch):
+    # 8 channels at 655 kHz: a few kilobytes of FLAC per second of a steady tone, gigabytes once decoded
+    path = tmp_path / "bomb.flac"
+    sf.write(str(path), np.full((65535, 8), 0.1, np.float32), 655350)
+    monkeypatch.setattr(sf, "read", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(InputError, match="sampled at 655,350 Hz; the most this app reads is 192,000 Hz"):
+        load_audio(path)
+
+
+def test_many_channels_are_downmixed_block_by_block_as_all_at_once(tmp_path, monkeypatch):
+    from assistgen.comparison import audio
+    rng = np.random.default_rng(0)
+    samples = (0.1 * rng.standard_normal((40000, 6))).astype(np.float32)
+    path = tmp_path / "six.wav"
+    sf.write(str(path), samples, 16000, subtype="FLOAT")
+    monkeypatch.setattr(audio, "BLOCK_FRAMES", 4096)
+    assert np.array_equal(load_audio(path), samples.mean(axis=1))
+
+
+@pytest.mark.parametrize("samples, needle", [
+    (np.zeros((0, 1), np.float32), "holds no audio samples: record again, or pick a clip with sound in it"),
+    (np.full((16000, 1), np.nan, np.float32), "holds samples that are not numbers (damaged); export it again"),
+])
+def test_an_empty_or_damaged_wav_says_what_to_do(tmp_path, samples, needle):
+    path = tmp_path / "take.wav"
+    sf.write(str(path), samples, 16000, subtype="FLOAT")
+    with pytest.raises(InputError, match=re.escape(needle)):
+        load_audio(path)

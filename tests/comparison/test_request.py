@@ -46,8 +46,12 @@ def test_a_bad_pair_or_task_is_an_input_error_that_says_what_to_do(catalog, name
     ({"max_new_tokens": 0}, "max_new_tokens must be a whole number from 1 to 1024, got 0"),
     ({"max_new_tokens": 1025}, "max_new_tokens must be a whole number from 1 to 1024, got 1025"),
     ({"max_new_tokens": "2.5"}, "max_new_tokens must be a whole number, got 2.5"),
-    ({"temperature": 2.5}, "temperature must be a number from 0 (greedy) to 2"),
+    ({"temperature": 2.5}, "temperature must be 0 (greedy) or from 0.01 to 2"),
+    ({"temperature": 1e-40}, "temperature must be 0 (greedy) or from 0.01 to 2"),   # logits / T would overflow
     ({"temperature": "nan"}, "temperature must be a number, got nan"),
+    ({"temperature": 10**400}, "temperature must be a finite number"),
+    ({"max_new_tokens": "inf"}, "max_new_tokens must be a finite number, got inf"),
+    ({"num_assistant_tokens": "-1e999"}, "initial window must be a finite number, got -inf"),
     ({"num_assistant_tokens": 65}, "num_assistant_tokens must be from 1 to 64"),
     ({"draft_source": "oracle"}, "draft source must be one of assistant, assistant_lookup, prompt_lookup"),
 ])
@@ -81,10 +85,34 @@ def test_a_recording_is_decoded_once_and_held_to_the_audio_limit(catalog, tmp_pa
     spec = catalog.pair("tiny-speech")
     request = build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
                             language="auto")
-    assert request.samples.shape == (24000,) and request.language is None and request.decode_s >= 0
+    assert request.samples.shape == (24000,) and request.language is None
     with pytest.raises(InputError, match="the limit is 1 s"):
         build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
                       limits=Limits(max_audio_s=1.0))
+    # the size too, whichever way the file came (an API call's URL bypasses the upload's own limit)
+    with pytest.raises(InputError, match=r"the file is 0.0 MB; the limit is 0 MB \(ASSISTGEN_MAX_FILE_SIZE\)"):
+        build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
+                      limits=Limits(max_file_size="40kb"))
+
+
+def test_text_is_checked_before_any_model_loads(catalog, monkeypatch):
+    from assistgen.models import pool as pool_module
+    monkeypatch.setattr(pool_module.ModelPool, "pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    spec = catalog.pair("tiny-text")
+    with pytest.raises(InputError, match="characters, far over the 8-token input limit"):
+        build_request(spec, "chat", request_settings(spec), text="x" * 100, limits=Limits(max_input_tokens=8))
+    with pytest.raises(InputError, match="broken character at position 3: paste it again"):
+        build_request(spec, "chat", request_settings(spec), text="hi \ud800 there")
+
+
+def test_a_prompt_that_leaves_the_model_no_room_is_refused_with_what_to_do(catalog, pool):
+    spec = catalog.pair("tiny-text")
+    loaded = pool.pair("tiny-text")
+    positions = loaded.target.model.config.max_position_embeddings
+    words = " ".join(["word"] * positions)
+    request = build_request(spec, "chat", request_settings(spec), text=words, limits=Limits(max_input_tokens=4096))
+    with pytest.raises(InputError, match=f"reads at most {positions:,} positions, its answer included: shorten it"):
+        request_inputs(request, loaded)
 
 
 def test_the_environment_sets_each_limit_and_only_where_given():
