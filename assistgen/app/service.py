@@ -66,23 +66,27 @@ class Service:
         budget, or that is meant for other hardware says so in its label (the last with its size, and a click's
         estimated time here where the catalog has one)."""
         choices = []
+        ready = set(self._ready)
         for pair in self.catalog.pairs_for(task):
+            self._ready.discard(pair.name)   # as this check finds it: a pair whose load failed is no longer ready
             ok, why = pair_availability(pair, self.catalog)
             if not ok:
                 choices.append((f"{pair.name} (unavailable: {why})", pair.name))
                 continue
-            fits, size = pair_fit(pair, self.catalog, self.pool.budget_bytes, self.device)
+            fits, size = pair_fit(pair, self.pool.budget_bytes, self.device)
             if not fits:
                 choices.append((f"{pair.name} ({size})", pair.name))
                 continue
             self._ready.add(pair.name)
             meant = self.device.type in pair.default_on
             choices.append((pair.name if meant else f"{pair.name} ({self.cost_note(pair)})", pair.name))
+        if self._ready != ready:
+            self._defaults = None   # each task's default is chosen again, for `chosen_for`
         return choices
 
     def cost_note(self, pair: PairSpec) -> str:
         """What a pair meant for other hardware costs here: its parameters, and a click's estimated seconds."""
-        counts = [parameters(spec, self.catalog) for spec in (pair.target, pair.assistant) if spec is not None]
+        counts = [parameters(spec) for spec in (pair.target, pair.assistant) if spec is not None]
         size = "size unknown" if None in counts else f"{sum(counts) / 1e9:.2f}B parameters"
         where = "a GPU" if self.device.type == "cpu" else "a CPU"
         seconds = dict(pair.click_s).get(hardware_key(self.device))

@@ -88,7 +88,9 @@ def expect_error(client, needle, **kwargs):
     ({"max_new_tokens": -3}, "max_new_tokens must be a whole number from 1 to"),
     ({"max_new_tokens": 10**6}, "max_new_tokens must be a whole number from 1 to"),
     ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number"),
-    ({"temperature": 5}, "temperature must be a number from 0 (greedy) to 2"),
+    ({"temperature": 5}, "temperature must be 0 (greedy) or from 0.01 to 2"),
+    ({"temperature": 1e-40}, "temperature must be 0 (greedy) or from 0.01 to 2"),
+    ({"max_new_tokens": "1e999"}, "max_new_tokens must be a finite number"),
     ({"temperature": "nan"}, "temperature must be a number"),
     ({"max_new_tokens": "many"}, "max_new_tokens must be a number"),
     ({"pair": "no-such-pair"}, "unknown pair 'no-such-pair'"),
@@ -418,3 +420,17 @@ def test_an_explore_stream_closed_mid_point_stops_the_model_thread_at_its_next_s
     service.model_thread.call(lambda: None)   # the model thread has finished with the sweep
     assert [s.done for s in seen if s is not None] == [1]
     assert len(comparisons) == 2 and comparisons[1] == 3 and len(after_stop) <= 1
+
+
+def test_a_pair_that_becomes_unavailable_is_no_longer_anyones_default(tiny_catalog_path, monkeypatch):
+    import assistgen.app.service as service_module
+    from assistgen.models.catalog import load_catalog
+    service = service_module.Service(load_catalog(tiny_catalog_path))
+    assert service.default_pair(service.pair_choices("chat")) == "tiny-text"
+    assert service.chosen_for("tiny-text") is not None
+    real = service_module.pair_availability
+    monkeypatch.setattr(service_module, "pair_availability",   # as after its load failed
+                        lambda pair, catalog: (False, "failed to load") if pair.name == "tiny-text" else real(pair, catalog))
+    choices = service.pair_choices("chat")
+    assert ("tiny-text (unavailable: failed to load)", "tiny-text") in choices
+    assert service.default_pair(choices) is None and service.chosen_for("tiny-text") is None
