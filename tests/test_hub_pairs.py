@@ -112,10 +112,9 @@ def test_a_pair_over_the_memory_budget_is_offered_but_never_the_default(offline_
     from assistgen.models.sizing import load_bytes
     import torch
     opt = CATALOG.pair("opt-6.7b+125m")
-    need = load_bytes(opt.target, CATALOG, torch.device("cpu")) + load_bytes(opt.assistant, CATALOG,
-                                                                             torch.device("cpu"))
+    need = load_bytes(opt.target, torch.device("cpu")) + load_bytes(opt.assistant, torch.device("cpu"))
     qwen = CATALOG.pair("qwen2.5-1.5b+0.5b")
-    qwen_need = sum(load_bytes(m, CATALOG, torch.device("cpu")) for m in (qwen.target, qwen.assistant))
+    qwen_need = sum(load_bytes(m, torch.device("cpu")) for m in (qwen.target, qwen.assistant))
     assert qwen_need < need    # the stand-ins keep their ordering by size where it matters here
     service = Service(CATALOG, ModelPool(CATALOG, budget_bytes=(need + qwen_need) // 2))
     labels = dict((name, label) for label, name in service.pair_choices("chat"))

@@ -7,6 +7,7 @@ import threading
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
+from ..comparison.breakeven import DISAGREE
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, parse_values, run_sweep,
                                 sweep_break_even_figure, sweep_figure, sweep_json)
 from ..comparison.request import number, pair_for_task
@@ -140,7 +141,7 @@ def points_markdown(over: str, points: list[Point]) -> str:
 
 
 def disagreements(points: list[Point]) -> str:
-    """Each run whose measured speedup is more than 20 % from the formula's, and why."""
+    """Each run whose measured speedup is further from the formula's than `breakeven.DISAGREE`, and why."""
     notes = []
     for point in points:
         for run in point.runs:
@@ -150,7 +151,7 @@ def disagreements(points: list[Point]) -> str:
                              f"(α {be['alpha']:.2f}, c {be['c']:.2f}, γ {be['gamma']:.1f}): {be['why']}")
     if not notes:
         return ""
-    return "**Measured and predicted differ by more than 20 %:**\n" + "\n".join(dict.fromkeys(notes))
+    return f"**Measured and predicted differ by more than {DISAGREE * 100:.0f} %:**\n" + "\n".join(dict.fromkeys(notes))
 
 
 def warnings_markdown(points: list[Point]) -> str:

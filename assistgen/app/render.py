@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 
 from ..choices import DRAFT_SOURCES, MODE_LABELS
+from ..comparison.breakeven import DISAGREE
 from ..comparison.tasks import Detokenizer
 from ..models.machine import machine_text
 
@@ -70,9 +71,9 @@ def figures_markdown(run: dict, assisted: bool) -> str:
             ("tokens / s", fmt_value(run["tokens_per_second"], ".2f")), ("target passes", str(run["target_passes"])),
             ("tokens / pass", fmt_value(run["tokens_per_pass"], ".2f"))]
     if assisted:
-        rows += [("assistant passes", str(run["assistant_passes"])),
-                 ("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))]
-        rows += acceptance_rows(run.get("acceptance"))
+        rows.append(("assistant passes", str(run["assistant_passes"])))
+        # the acceptance in vLLM's terms, its draft acceptance rate among them; the plain rate where it has none
+        rows += acceptance_rows(run.get("acceptance")) or [("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))]
     rows += [("setup (encoder, caches)", fmt_value(t["setup_s"], ".2f", " s")),
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
               fmt_value(t["prompt_s"], ".2f", " s"))]
@@ -114,7 +115,7 @@ def break_even_text(result: dict) -> str | None:
     line += (f"Below α = {be['break_even_alpha']:.2f} assisted would be slower here." if be["break_even_alpha"] is not None
              else "At this c no acceptance could pay.")
     if be["disagrees"]:
-        line += f" They disagree by more than 20 %: {be['why']}."
+        line += f" They disagree by more than {DISAGREE * 100:.0f} %: {be['why']}."
     return line
 
 

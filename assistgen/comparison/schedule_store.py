@@ -10,10 +10,8 @@ turns the store off (each process starts blind, as before).
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
-import platform
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ import torch
 from ..engine.schedules import AdaptiveSchedule
 from ..models.cpu import onednn_enabled
 from ..models.loading import LoadedModel, LoadedPair
+from ..models.machine import cpu_model
 from ..models.packs import cache_dir, file_lock
 from ..models.precision import encoder_dtype
 
@@ -49,17 +48,6 @@ def store_path(pair: LoadedPair) -> Path | None:
     return root / "schedules" / f"{pair.spec.name}.json"
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _facts(pair: LoadedPair) -> dict:
     models = []
     for m in _models(pair):
@@ -70,7 +58,7 @@ def _facts(pair: LoadedPair) -> dict:
         models.append(facts)
     gpu = torch.cuda.get_device_name(pair.target.model.device) if pair.target.model.device.type == "cuda" else None
     return {"version": FORMAT_VERSION, "models": models, "onednn": onednn_enabled(),
-            "torch": torch.__version__, "cpu": _cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "cpu": cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
             "gpu": gpu, "threads": torch.get_num_threads()}
 
 

@@ -49,7 +49,7 @@ def availability(spec: ModelSpec, catalog: Catalog) -> tuple[bool, str]:
                     package_dir(part.package)
                 except PackError as exc:
                     return False, str(exc)
-        return True, "offline pack (installed packages, sha256-verified)"
+        return True, "offline pack (installed packages; sha256-verified as it is assembled)"
     if spec.source == "hub":
         if _in_hub_cache(spec.location):
             return True, f"{spec.location} is in the local hub cache"

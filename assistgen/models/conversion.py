@@ -14,11 +14,11 @@ from .catalog import TORCH_INT8, Catalog, ModelSpec
 from .cpu import onednn_enabled
 from .ct2 import ct2_to_hf
 from .devices import torch_dtype
-from .gguf import gguf_to_hf, is_converted
+from .gguf import MARKER, gguf_to_hf, is_converted
 from .packs import _stamped_sha256, assemble, cache_dir, file_lock
 
 Progress = Callable[[float, str], None]
-CONVERSION_MARKER = "assistgen-conversion.json"   # in a converted pack's folder: what it was converted from
+CONVERSION_MARKER = MARKER   # in a converted pack's folder (GGUF or CTranslate2): what it was converted from
 WEIGHTS = "model.safetensors"                      # a converted pack's float weights, in one file
 
 

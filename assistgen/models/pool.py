@@ -78,7 +78,7 @@ class ModelPool:
                     return self._models[spec.name]
             # make room first, for the size seen at an earlier load or read from the weights' headers: evicting
             # only afterwards would hold both at once (a 16 GB Space could not)
-            need = self._sizes.get(spec.name) or load_bytes(spec, self.catalog, default_device()) or 0
+            need = self._sizes.get(spec.name) or load_bytes(spec, default_device()) or 0
             self._evict(need, keep | {spec.name})
             loaded = self._loader(spec, self.catalog, progress=progress)
             with self._lock:

@@ -16,7 +16,7 @@ import huggingface_hub
 import torch
 
 from .availability import hub_reachable
-from .catalog import Catalog, ModelSpec, PairSpec
+from .catalog import ModelSpec, PairSpec
 from .devices import torch_dtype
 
 BYTES_PER_QUANTIZED = {"int8": 1.0, "4bit": 0.5, "dynamic_int8": 1.0, "w8a8": 1.0}
@@ -77,7 +77,7 @@ def checkpoint_files(spec: ModelSpec, folder: str) -> list[Path] | None:
     return None if root is None else _local_files(root)
 
 
-def parameters(spec: ModelSpec, catalog: Catalog) -> int | None:
+def parameters(spec: ModelSpec) -> int | None:
     """The number of parameters a model loads (a decoder-only load of an encoder-decoder checkpoint: its decoder's),
     counted from its weights' headers, else from the hub's metadata or the catalog's published count, else None."""
     folder: Path | None
@@ -93,9 +93,9 @@ def parameters(spec: ModelSpec, catalog: Catalog) -> int | None:
     return spec.parameters if files is None else _counts_from_headers(files, spec.decoder_only)
 
 
-def load_bytes(spec: ModelSpec, catalog: Catalog, device: torch.device) -> int | None:
+def load_bytes(spec: ModelSpec, device: torch.device) -> int | None:
     """Bytes the model's weights take once loaded on `device`, at its dtype or quantization; None when unknown."""
-    count = parameters(spec, catalog)
+    count = parameters(spec)
     if count is None:
         return None
     per = BYTES_PER_QUANTIZED.get(spec.quantization)
@@ -104,9 +104,9 @@ def load_bytes(spec: ModelSpec, catalog: Catalog, device: torch.device) -> int |
     return int(count * per)
 
 
-def pair_fit(pair: PairSpec, catalog: Catalog, budget_bytes: int, device: torch.device) -> tuple[bool, str]:
+def pair_fit(pair: PairSpec, budget_bytes: int, device: torch.device) -> tuple[bool, str]:
     """(fits, why): whether both models' weights fit in `budget_bytes` together. Unknown sizes fit."""
-    sizes = [load_bytes(spec, catalog, device) for spec in (pair.target, pair.assistant) if spec is not None]
+    sizes = [load_bytes(spec, device) for spec in (pair.target, pair.assistant) if spec is not None]
     if any(size is None for size in sizes):
         return True, "size unknown before loading"
     need = sum(sizes)

@@ -275,7 +275,7 @@ def configs_for(pair, draft_sources: list[str] | None, schedules: list[str] | No
             continue
         configs += [Config("assistgen", source, schedule, window) for schedule in schedules for window in windows]
     if peer and pair.assistant_usable and any(s != "prompt_lookup" for s in draft_sources):
-        # transformers has no "adaptive" schedule: its peer runs the seed's heuristic (5 tokens) and its own defaults
+        # transformers has no "adaptive" schedule: its peer runs its heuristic one (from 5 tokens) and its own defaults
         # (20 tokens, constant, confidence threshold 0.4)
         configs += [Config("transformers", "assistant", s) for s in dict.fromkeys(
             ["heuristic" if s == "adaptive" else s for s in schedules] + [TRANSFORMERS_DEFAULTS])]

@@ -102,6 +102,7 @@ class LlamaServer:
         deadline = time.monotonic() + SERVER_START_S
         while True:
             if self.process.poll() is not None:
+                self.stop()   # closes its log
                 raise RuntimeError(f"llama-server exited with {self.process.returncode} while loading "
                                    f"({' '.join(args)}); see {log}")
             try:

@@ -79,7 +79,7 @@ class FakeLoader:
 @pytest.fixture
 def catalog(tiny_catalog_path, monkeypatch):
     from assistgen.models import pool as pool_module
-    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, catalog, device: None)  # sizes: the loader's
+    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, device: None)  # sizes: the loader's
     return load_catalog(tiny_catalog_path)
 
 
@@ -149,7 +149,7 @@ def test_pool_reports_progress_for_a_pair(catalog):
 
 def test_pool_makes_room_before_a_first_load_by_the_size_its_headers_give(catalog, monkeypatch):
     from assistgen.models import pool as pool_module
-    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, catalog, device: {"tiny-speech-target": 70}.get(
+    monkeypatch.setattr(pool_module, "load_bytes", lambda spec, device: {"tiny-speech-target": 70}.get(
         spec.name))
     seen = {}
     loader = FakeLoader({"tiny-text-target": 40, "tiny-text-assistant": 20, "tiny-speech-target": 70})
