@@ -66,3 +66,33 @@ def test_every_results_folder_is_in_the_index_none_is_a_rerun_and_none_holds_cod
     assert [f for f in folders if re.search(r"-(second|third|fourth|fifth|sixth|again|rerun)$", f)] == []
     code = [p.relative_to(ROOT).as_posix() for p in results.rglob("*") if p.suffix in (".py", ".sh", ".ipynb")]
     assert code == []
+
+
+COMMAND = re.compile(r"^(?:\S*python -m assistgen (?:--catalog \S+ )?)?((?:bench|compare|sweep) (?:.* )?--pair [^-].*"
+                     r"|(?:prepare|models|fetch|engine-bench)(?: --.*)?)$")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_line_the_documents_give_parses(doc):
+    """Each whole command a reader may copy (in a block, or inline with its pair named) parses as the command line
+    reads it; options named in passing (`bench --half tuning`) are not commands."""
+    import shlex
+
+    from assistgen.tools.cli import build_parser
+    text = doc.read_text()
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, re.S)
+    spans = re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    checked = 0
+    for candidate in [*lines, *spans]:
+        words = re.sub(r" \[--[a-z-]+\]", "", " ".join(candidate.split("#")[0].split()))   # optional flags, as given
+        match = COMMAND.match(words)
+        if not match or re.search(r"\[|\.\.\.|…|\bNAME\b|\bFILE\b|\bDIR\b|\"\.\.\.\"", match.group(1)):
+            continue   # not a command, or a usage line with placeholders
+        try:
+            build_parser().parse_args(shlex.split(match.group(1)))
+        except SystemExit:
+            pytest.fail(f"{doc.name}: {match.group(1)!r} does not parse")
+        checked += 1
+    if doc == ROOT / "README.md":
+        assert checked >= 4   # the results table's two, and the CLI block's compare lines

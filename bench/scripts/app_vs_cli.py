@@ -1,7 +1,7 @@
 """Do the page's timings equal the CLI's? The running app (its page in headless Chromium, and its /compare API through
 gradio_client) against `python -m assistgen compare --json`, interleaved, on the same prompts and pair.
 
-    .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
+    .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b-w8a8+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
         --limit 3 [--rounds 2] --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out FILE.json]
     .venv/bin/python -m bench.scripts.app_vs_cli --pool FILE.json FILE.json ...
 
@@ -121,7 +121,7 @@ def summarize(runs: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="qwen2.5-coder-1.5b+0.5b-int8")
+    parser.add_argument("--pair", default="qwen2.5-coder-1.5b-w8a8+0.5b-int8")
     parser.add_argument("--prompts", default=str(ROOT / "bench" / "inputs" / "code_prompts.txt"))
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1, help="go over the prompts this many times")

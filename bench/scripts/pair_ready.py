@@ -3,7 +3,7 @@ app imports at start-up (torch, transformers and the model classes: the app has 
 then the pair's modeling code (timed on its own: once per process and model family; after the app's own imports it
 took 0.1 s), then loads the pair from the prepared cache and warms it up, as the app's preload does.
 
-    .venv/bin/python -m bench.scripts.pair_ready [--pair qwen2.5-coder-1.5b+0.5b-int8] [--runs 3]
+    .venv/bin/python -m bench.scripts.pair_ready [--pair qwen2.5-coder-1.5b-w8a8+0.5b-int8] [--runs 3]
 
 Prints each run's target load, assistant load (tokenizers included), warm-up and total, then the medians. Run
 `python -m assistgen prepare` first; the page cache is warm from the second run on. A benchmark: it asserts nothing.
@@ -54,7 +54,7 @@ print(json.dumps({"import_s": imported - started, "target_s": pair.target.load_s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="qwen2.5-coder-1.5b+0.5b-int8")
+    parser.add_argument("--pair", default="qwen2.5-coder-1.5b-w8a8+0.5b-int8")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     rows = []

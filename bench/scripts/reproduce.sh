@@ -27,8 +27,8 @@ bench tuning-speech --pair $SPEECH $SPEECH_SETS --half tuning --schedules adapti
 # items), with the peers on the same weights
 # (pip install -r requirements-peers.txt; bash bench/scripts/build_llama_server.sh; export ASSISTGEN_LLAMA_SERVER=...)
 bench held-out-text --pair $DEFAULT $TEXT_SETS --half held-out --peer llama.cpp --repeats 2
-bench held-out-speech --pair $SPEECH $SPEECH_SETS --half held-out --peer faster-whisper
-bench held-out-speech/every-real-clip --pair $SPEECH --suite speech-real --peer faster-whisper --no-floor
+bench held-out-speech --pair $SPEECH $SPEECH_SETS --half held-out --peer faster-whisper --repeats 3
+bench held-out-speech/every-real-clip --pair $SPEECH --suite speech-real --peer faster-whisper --no-floor --repeats 3
 
 # The same pairs on every item of the sets, the day before the split (docs/results.md)
 bench peers-code-w8a8 --pair $DEFAULT --suite code --peer llama.cpp --repeats 2
