@@ -8,6 +8,7 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
+from gradio_client.utils import is_http_url_like  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
@@ -27,6 +28,19 @@ from assistgen.comparison.sweep import OVER  # noqa: E402
 from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class FileAudio(gr.Audio):
+    """gr.Audio that takes a file only: a URL sent through the API is refused before anything is fetched (Gradio would
+    download it whole, past the file-size limit, which covers uploads)."""
+    is_template = True   # the page draws it as gr.Audio
+
+    async def async_move_resource_to_block_cache(self, url_or_file_path):
+        if is_http_url_like(str(url_or_file_path or "")):
+            raise gr.Error("this server does not fetch audio from URLs: send the file itself (gradio_client: "
+                           "handle_file with a local path)")
+        return await super().async_move_resource_to_block_cache(url_or_file_path)
+
 # shown under a pair when picking it, or its tab, has set the shared Settings to the pair's own defaults
 SETTINGS_RESET = ("\n\n*Settings set to this pair's own defaults (max new tokens, draft source, window, schedule): "
                   "they are what was measured best for it.*")
@@ -161,7 +175,7 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
     pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
                 api_visibility="private", queue=False)
     if task == "asr":
-        content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
+        content = FileAudio(sources=["upload", "microphone"], type="filepath", format=None,
                            label=f"speech (up to {duration_text(service.limits.max_audio_s)}; a recording longer than "
                                  "30 s is transcribed in windows)", elem_id="input-asr")
     else:
@@ -213,7 +227,7 @@ def _api_endpoint(api_compare) -> None:
     """The documented API endpoint, /compare: named inputs, one JSON object out."""
     with gr.Column(visible=False):
         api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
-                      gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
+                      FileAudio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
                       gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
                       gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None),
                       gr.Textbox(label="language", value=""), gr.Textbox(label="target_language", value="")]
@@ -244,7 +258,7 @@ def _explore_tab(service: Service) -> None:
                            info="target and assistant; the assistant sweep offers the pairs sharing this target")
     text = gr.Textbox(lines=3, label="your text", elem_id="explore-text", value=EXAMPLES["chat"][2][0],
                       info="the prompt every run of the sweep answers")
-    audio = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
+    audio = FileAudio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
                      visible=False, elem_id="explore-audio")
     with gr.Row():
         over = gr.Dropdown([(label, name) for name, label in OVER.items()], value="temperature",

@@ -434,3 +434,18 @@ def test_a_pair_that_becomes_unavailable_is_no_longer_anyones_default(tiny_catal
     choices = service.pair_choices("chat")
     assert ("tiny-text (unavailable: failed to load)", "tiny-text") in choices
     assert service.default_pair(choices) is None and service.chosen_for("tiny-text") is None
+
+
+def test_an_audio_url_through_the_api_is_refused_before_anything_is_fetched(client, monkeypatch):
+    # Gradio would download it whole, past the file-size limit that covers uploads
+    from gradio import processing_utils
+    fetched = []
+
+    async def download(url, cache_dir):
+        fetched.append(url)
+        raise RuntimeError("fetched")
+    monkeypatch.setattr(processing_utils, "async_ssrf_protected_download", download)
+    expect_error(client, "this server does not fetch audio from URLs: send the file itself", task="asr",
+                 pair="tiny-speech", text=None, audio=handle_file("https://example.com/speech.wav"))
+    assert fetched == []
+    assert compare(client)["identical"] is True
