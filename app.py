@@ -16,6 +16,7 @@ from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAM
                                TEMPERATURE_RANGE, WINDOW_RANGE, limits_from_env)
 from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
 from assistgen.app.explore import StopSwitches, progress_html  # noqa: E402
+from assistgen.app.body_limit import BodyLimit, body_limit_bytes  # noqa: E402
 from assistgen.app.frontend import EarlyScript  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
@@ -428,12 +429,14 @@ def configure_queue(demo: gr.Blocks) -> gr.Blocks:
 
 
 def queue_and_launch(demo: gr.Blocks, **kwargs):
-    """The bounded queue (`configure_queue`), uploads capped server-side, the page's early script
-    (`assistgen.app.frontend`), then serve."""
+    """The bounded queue (`configure_queue`), uploads and other request bodies capped server-side
+    (`assistgen.app.body_limit`), the page's early script (`assistgen.app.frontend`), then serve."""
     configure_queue(demo)
+    limits = limits_from_env()
     app_kwargs = kwargs.setdefault("app_kwargs", {})
-    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyScript)]
-    kwargs.setdefault("max_file_size", limits_from_env().max_file_size)
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyScript),
+                                Middleware(BodyLimit, max_bytes=body_limit_bytes(limits.max_input_tokens))]
+    kwargs.setdefault("max_file_size", limits.max_file_size)
     return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
 
 

@@ -105,6 +105,47 @@ def test_a_200k_character_text_is_refused_without_a_memory_blow_up(served):
     still_serves(client)
 
 
+def test_a_request_body_past_the_limit_is_refused_unread_and_the_server_keeps_serving(served):
+    import httpx
+
+    from assistgen.app.body_limit import body_limit_bytes
+    from assistgen.choices import MAX_INPUT_TOKENS
+    url, _, client = served
+    limit = body_limit_bytes(MAX_INPUT_TOKENS)
+    text = "x" * (limit + 1)
+    body = {"data": ["chat", "tiny-text", text, None, 8, 0, "assistant", "", None, "", ""]}
+    response = httpx.post(f"{url}gradio_api/call/compare", json=body, timeout=60)
+    assert response.status_code == 413 and "shorten the text" in response.json()["error"]
+
+    still_serves(client)
+
+
+def test_a_body_sent_without_its_length_ends_for_the_app_once_past_the_limit():
+    import asyncio
+
+    from assistgen.app.body_limit import BodyLimit
+    seen = []
+
+    async def app(scope, receive, send):   # reads until the client leaves or the body ends
+        while (message := await receive())["type"] == "http.request":
+            seen.append(len(message["body"]))
+            if not message.get("more_body"):
+                break
+        seen.append(message["type"])
+    chunks = [{"type": "http.request", "body": b"x" * 400, "more_body": True} for _ in range(5)]
+
+    async def receive():
+        return chunks.pop(0)
+    scope = {"type": "http", "path": "/gradio_api/queue/join", "headers": []}
+    asyncio.run(BodyLimit(app, max_bytes=1000)(scope, receive, None))
+    assert seen == [400, 400, "http.disconnect"]
+    seen.clear()
+    scope["path"] = "/gradio_api/upload"   # Gradio's own limit covers uploads
+    chunks[:] = [{"type": "http.request", "body": b"x" * 400, "more_body": i < 3} for i in range(4)]
+    asyncio.run(BodyLimit(app, max_bytes=1000)(scope, receive, None))
+    assert seen == [400] * 4 + ["http.request"]
+
+
 def _mp3(path: Path, seconds: float = 2.0, rate: int = 16000) -> Path:
     t = np.arange(int(seconds * rate)) / rate
     sf.write(str(path), (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, format="MP3",
