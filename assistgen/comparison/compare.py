@@ -18,7 +18,7 @@ from . import schedule_store
 from .acceptance import acceptance
 from .breakeven import break_even
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
-from .runtime import is_warm, runtime, set_warm
+from .runtime import is_warm, remember, runtime, set_warm
 from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
 
@@ -258,7 +258,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
             if key not in measured:   # a new process: what an earlier one measured on this machine
                 stored = schedule_store.load(pair, key)
                 if stored is not None:
-                    measured[key] = stored
+                    remember(measured, key, stored)
             schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=measured.get(key))
         result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
                           do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
@@ -266,7 +266,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
                           num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
-            measured[key] = schedule   # the next run's start; kept for the next process by `compare`, once judged
+            remember(measured, key, schedule)   # the next run's start; kept for the next process by `compare`, once judged
         return result
     if isinstance(inputs, dict):
         return one(inputs)

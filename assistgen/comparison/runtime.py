@@ -15,6 +15,18 @@ from ..models.loading import LoadedModel, LoadedPair
 from .probe import SpeedProbe
 
 
+MAX_SCHEDULES = 32   # measured schedules kept per pair, the least recently run dropped first: a key per temperature
+
+
+def remember(schedules: dict, key, value, limit: int = MAX_SCHEDULES) -> dict:
+    """`schedules` with `key` set to `value` as its most recent entry, and at most `limit` entries (in place)."""
+    schedules.pop(key, None)
+    schedules[key] = value
+    while len(schedules) > limit:
+        del schedules[next(iter(schedules))]
+    return schedules
+
+
 @dataclass
 class PairRuntime:
     probe: SpeedProbe | None = None   # built by the warm-up, once per pair (`compare.warm_up`)

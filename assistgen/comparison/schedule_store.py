@@ -22,6 +22,7 @@ from ..models.loading import LoadedModel, LoadedPair
 from ..models.machine import cpu_model
 from ..models.packs import cache_dir, file_lock
 from ..models.precision import encoder_dtype
+from .runtime import remember
 
 FORMAT_VERSION = 3   # 2: kept only from comparisons whose speed probes held (`compare.compare`); 3: a Whisper
 # assistant reading the target's encoder output attends to the whole window, so its drafts, and the calibration of
@@ -101,7 +102,7 @@ def save(pair: LoadedPair, key: tuple, schedule: AdaptiveSchedule) -> bool:
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with file_lock(path.with_name(f"{path.name}.lock")):
-            schedules = {**_read(path, facts), _key(key): schedule.to_dict()}
+            schedules = remember(_read(path, facts), _key(key), schedule.to_dict())
             tmp.write_text(json.dumps({"facts": facts, "schedules": schedules}))
             os.replace(tmp, path)
     except OSError:

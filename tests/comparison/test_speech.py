@@ -167,6 +167,30 @@ def test_a_new_process_starts_from_what_the_last_one_measured_with_models_of_the
     monkeypatch.setattr(schedule_store, "encoder_dtype", lambda model: cast.get(model))
     assert first_window() == 5 and first_window() == 32   # measured with the float32 encoder: not these facts
 
+    # a key per temperature: a client sending many keeps at most MAX_SCHEDULES of them, the least recent dropped
+    from assistgen.comparison.runtime import MAX_SCHEDULES
+    from assistgen.engine.schedules import AdaptiveSchedule
+    monkeypatch.setattr(schedule_store, "encoder_dtype", lambda model: None)
+    schedule = AdaptiveSchedule.from_dict(next(iter(json.loads(path.read_text())["schedules"].values())))
+    temperatures = [round(0.01 * (i + 1), 2) for i in range(MAX_SCHEDULES + 5)]
+    for t in temperatures:
+        assert schedule_store.save(pair, ("assistant", t, 1.0), schedule)
+    kept = json.loads(path.read_text())["schedules"]
+    assert len(kept) == MAX_SCHEDULES
+    assert json.dumps(["assistant", temperatures[0], 1.0]) not in kept
+    assert json.dumps(["assistant", temperatures[-1], 1.0]) in kept
+
+
+def test_remember_keeps_the_most_recent_entries_up_to_its_limit():
+    from assistgen.comparison.runtime import remember
+    kept = {}
+    for key in "abcab":
+        remember(kept, key, key.upper(), limit=2)
+    assert kept == {"a": "A", "b": "B"} and list(kept) == ["a", "b"]
+    remember(kept, "c", "C", limit=2)
+    remember(kept, "b", "b2", limit=2)
+    assert list(kept.items()) == [("c", "C"), ("b", "b2")]
+
 
 def test_a_target_whose_encoder_runs_in_bfloat16_says_so_and_stays_identical(speech_pair):
     from assistgen.models import precision
