@@ -449,3 +449,9 @@ def test_an_audio_url_through_the_api_is_refused_before_anything_is_fetched(clie
                  pair="tiny-speech", text=None, audio=handle_file("https://example.com/speech.wav"))
     assert fetched == []
     assert compare(client)["identical"] is True
+
+
+def test_building_the_page_writes_nothing_beside_the_sources(tiny_app):
+    # a gr.Component subclass has Gradio write a .pyi stub beside its module, in the repository or a Space's folder
+    from helpers import ROOT
+    assert not list(ROOT.glob("*.pyi")) and not list((ROOT / "assistgen").rglob("*.pyi"))
