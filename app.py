@@ -31,20 +31,22 @@ from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def file_audio(**kwargs) -> gr.Audio:
-    """A gr.Audio that takes a file only: a URL sent through the API is refused before anything is fetched (Gradio
-    would download it whole, past the file-size limit, which covers uploads). Its method is replaced on the instance:
-    a subclass would have Gradio write a stub file beside this one."""
-    audio = gr.Audio(**kwargs)
-    move = audio.async_move_resource_to_block_cache
+def refuse_audio_urls() -> None:
+    """Every gr.Audio of this server takes files only: a URL sent through the API is refused before anything is
+    fetched (Gradio would download it whole, past the file-size limit, which covers uploads). Set on the class, since
+    Gradio serves a session a fresh copy of a component that an event has updated (a subclass would have Gradio
+    write a stub file beside this one)."""
+    move = gr.Audio.async_move_resource_to_block_cache
+    if getattr(move, "refuses_urls", False):
+        return
 
-    async def files_only(url_or_file_path):
+    async def files_only(self, url_or_file_path):
         if is_http_url_like(str(url_or_file_path or "")):
             raise gr.Error("this server does not fetch audio from URLs: send the file itself (gradio_client: "
                            "handle_file with a local path)")
-        return await move(url_or_file_path)
-    audio.async_move_resource_to_block_cache = files_only
-    return audio
+        return await move(self, url_or_file_path)
+    files_only.refuses_urls = True
+    gr.Audio.async_move_resource_to_block_cache = files_only
 
 # shown under a pair when picking it, or its tab, has set the shared Settings to the pair's own defaults
 SETTINGS_RESET = ("\n\n*Settings set to this pair's own defaults (max new tokens, draft source, window, schedule): "
@@ -180,7 +182,7 @@ def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_set
     pair.change(pair_changed, inputs=pair, outputs=pair_settings + [pair_info, settings_pair],
                 api_visibility="private", queue=False)
     if task == "asr":
-        content = file_audio(sources=["upload", "microphone"], type="filepath", format=None,
+        content = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None,
                            label=f"speech (up to {duration_text(service.limits.max_audio_s)}; a recording longer than "
                                  "30 s is transcribed in windows)", elem_id="input-asr")
     else:
@@ -232,7 +234,7 @@ def _api_endpoint(api_compare) -> None:
     """The documented API endpoint, /compare: named inputs, one JSON object out."""
     with gr.Column(visible=False):
         api_inputs = [gr.Textbox(label="task"), gr.Textbox(label="pair"), gr.Textbox(label="text"),
-                      file_audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
+                      gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
                       gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
                       gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None),
                       gr.Textbox(label="language", value=""), gr.Textbox(label="target_language", value="")]
@@ -263,7 +265,7 @@ def _explore_tab(service: Service) -> None:
                            info="target and assistant; the assistant sweep offers the pairs sharing this target")
     text = gr.Textbox(lines=3, label="your text", elem_id="explore-text", value=EXAMPLES["chat"][2][0],
                       info="the prompt every run of the sweep answers")
-    audio = file_audio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
+    audio = gr.Audio(sources=["upload", "microphone"], type="filepath", format=None, label="speech",
                      visible=False, elem_id="explore-audio")
     with gr.Row():
         over = gr.Dropdown([(label, name) for name, label in OVER.items()], value="temperature",
@@ -343,6 +345,7 @@ def _explore_tab(service: Service) -> None:
 
 def build_demo(service: Service) -> gr.Blocks:
     """The whole page. `service` does the work; tests pass one with a catalog of tiny models."""
+    refuse_audio_urls()
     make_handler, api_compare = _handlers(service)
     choices_by_task = {task: service.pair_choices(task) for task in TASK_LABELS}  # availability once per task
     first_pair = service.default_pair(choices_by_task[next(iter(TASK_LABELS))])

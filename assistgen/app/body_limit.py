@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-UPLOAD_PATH_SUFFIX = "/upload"   # Gradio's upload route (/gradio_api/upload), limited by its max_file_size
+UPLOAD_ROUTE = "/gradio_api/upload"   # Gradio's upload route, limited by its max_file_size (after any root path)
 
 
 def body_limit_bytes(max_input_tokens: int) -> int:
@@ -15,15 +15,16 @@ def body_limit_bytes(max_input_tokens: int) -> int:
 
 
 class BodyLimit:
-    """ASGI middleware: an HTTP request whose body is over `max_bytes` gets 413 before the app reads it (by its
-    Content-Length), or, sent without one, the app sees the client leave once the count passes it."""
+    """ASGI middleware: an HTTP request whose body is over `max_bytes` gets 413 before the app reads it: at once by
+    its Content-Length, or, sent without one, once the count passes it (such a body is read here, at most `max_bytes`
+    of it, and handed to the app whole)."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
         self.max_bytes = max_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path", "").endswith(UPLOAD_PATH_SUFFIX):
+        if scope["type"] != "http" or scope.get("path", "").rstrip("/").endswith(UPLOAD_ROUTE):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -34,18 +35,30 @@ class BodyLimit:
         if length > self.max_bytes:
             await self._refuse(send)
             return
-        seen = 0
-
-        async def counted():
-            nonlocal seen
+        if b"content-length" in headers or b"chunked" not in headers.get(b"transfer-encoding", b""):
+            await self.app(scope, receive, send)
+            return
+        chunks, seen, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    return {"type": "http.disconnect"}
-            return message
+            if message["type"] != "http.request":   # the client left
+                return
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            more = message.get("more_body", False)
+            if seen > self.max_bytes:
+                await self._refuse(send)
+                return
+        replayed = False
 
-        await self.app(scope, counted, send)
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send) -> None:
         body = json.dumps({"error": f"the request is larger than {self.max_bytes / 2**20:.1f} MB: shorten the "

@@ -65,10 +65,9 @@ class Service:
         """(label, pair name) for a task's dropdown: a pair that is unavailable, whose weights exceed the memory
         budget, or that is meant for other hardware says so in its label (the last with its size, and a click's
         estimated time here where the catalog has one)."""
-        choices = []
-        ready = set(self._ready)
-        for pair in self.catalog.pairs_for(task):
-            self._ready.discard(pair.name)   # as this check finds it: a pair whose load failed is no longer ready
+        choices, ready = [], set()
+        pairs = self.catalog.pairs_for(task)
+        for pair in pairs:
             ok, why = pair_availability(pair, self.catalog)
             if not ok:
                 choices.append((f"{pair.name} (unavailable: {why})", pair.name))
@@ -77,10 +76,14 @@ class Service:
             if not fits:
                 choices.append((f"{pair.name} ({size})", pair.name))
                 continue
-            self._ready.add(pair.name)
+            ready.add(pair.name)
             meant = self.device.type in pair.default_on
             choices.append((pair.name if meant else f"{pair.name} ({self.cost_note(pair)})", pair.name))
-        if self._ready != ready:
+        # as this check finds them (a pair whose load failed is no longer ready), in one assignment: requests outside
+        # the queue read it from other threads
+        now = (self._ready - {pair.name for pair in pairs}) | ready
+        if now != self._ready:
+            self._ready = now
             self._defaults = None   # each task's default is chosen again, for `chosen_for`
         return choices
 
@@ -154,7 +157,7 @@ class Service:
         longer than 30 s runs window by window. `on_step(step)` is called on the model thread after each decoding
         step of either run; what it raises ends the comparison and is raised here (a sweep's stop)."""
         request = build_request(pair_for_task(self.catalog, pair_name, task), task, settings, text=text, audio=audio,
-                                target_language=target_language, language=language, limits=self.limits)
+                                target_language=target_language, language=language, limits=self.limits, served=True)
 
         def work(emit) -> Comparison:
             try:

@@ -32,22 +32,24 @@ FFMPEG_OPTIONS = {"protocol_whitelist": "file", "enable_drefs": "0",   # no MOV 
                   "format_whitelist": "mov,mp4,m4a,3gp,matroska,webm,aac,asf,amr,ogg,mp3,wav,w64,flac,caf,aiff,avi"}
 
 
+def size_text(size: int) -> str:
+    """A file's size as a person reads it: '40 KB', '25.0 MB'."""
+    return f"{size / 2**10:.0f} KB" if size < 2**20 else f"{size / 2**20:.1f} MB"
+
+
 def load_audio(path: str | os.PathLike | None, *, max_seconds: float | None = None,
                max_file_size: str | int | None = None) -> np.ndarray:
-    """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, too large, undecodable, too
-    long, too short or silent audio. The size and the length (from the file's header) are checked before anything is
-    decoded; the size here too, since a file can arrive otherwise than as an upload (an API call's URL)."""
-    limits = limits_from_env()
-    max_seconds = limits.max_audio_s if max_seconds is None else max_seconds
-    max_file_size = limits.max_file_size if max_file_size is None else max_file_size
+    """float32 mono samples at 16 kHz. Raises InputError with what to do for missing, too large (past
+    `max_file_size`, where given: a server's), undecodable, too long, too short or silent audio. The size and the
+    length (from the file's header) are checked before anything is decoded."""
+    max_seconds = limits_from_env().max_audio_s if max_seconds is None else max_seconds
     if path is None or str(path).strip() == "":
         raise InputError("no audio: upload a clip or record one with the microphone")
     path = Path(path)
     if not path.is_file():
         raise InputError(f"the audio file {path.name!r} is missing; upload it again")
-    size, allowed = path.stat().st_size, file_size_bytes(max_file_size)
-    if size > allowed:
-        raise InputError(f"the file is {size / 2**20:.1f} MB; the limit is {allowed / 2**20:.0f} MB "
+    if max_file_size is not None and (size := path.stat().st_size) > (allowed := file_size_bytes(max_file_size)):
+        raise InputError(f"the file is {size_text(size)}; the limit is {size_text(allowed)} "
                          "(ASSISTGEN_MAX_FILE_SIZE): trim it or export it compressed (FLAC, MP3)")
     mono, rate = _decode(path, max_seconds)
     seconds = len(mono) / rate

@@ -112,15 +112,18 @@ def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, dr
 
 def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | None = None, audio=None,
                   target_language: str = "French", language: str | None = None,
-                  limits: Limits | None = None) -> Request:
+                  limits: Limits | None = None, served: bool = False) -> Request:
     """A request for `spec` (from `pair_for_task`), checked: the task is the pair's, speech has a recording that
-    decodes within the limit (decoded here), a text task has text within the limit and a known target language."""
+    decodes within the limit (decoded here), a text task has text within the limit and a known target language.
+    `served`: the request came to the server (the page, the API), whose file-size limit a recording keeps too; the
+    CLI and bench read local files of any size."""
     limits = limits or limits_from_env()
     _check_task(spec, task)
     _checked(settings)
     if task == "asr":
         start = time.perf_counter()
-        samples = load_audio(audio, max_seconds=limits.max_audio_s, max_file_size=limits.max_file_size)
+        samples = load_audio(audio, max_seconds=limits.max_audio_s,
+                             max_file_size=limits.max_file_size if served else None)
         return Request(spec, task, settings, language=None if language in (None, "", "auto") else language,
                        max_input_tokens=limits.max_input_tokens, samples=samples,
                        decode_s=round(time.perf_counter() - start, 4))

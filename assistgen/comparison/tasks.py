@@ -60,7 +60,8 @@ def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str 
     n = inputs["input_ids"].shape[1]
     if n > max_input_tokens:
         raise InputError(f"the text is {n:,} tokens; the limit is {max_input_tokens:,}: shorten it")
-    positions = max_positions(pair.target.model)
+    # a decoder-only model reads prompt and answer in one sequence; an encoder-decoder one reads the text apart
+    positions = None if pair.target.model.config.is_encoder_decoder else max_positions(pair.target.model)
     if positions is not None and n >= positions:   # no room left for a single new token
         raise InputError(f"the text is {n:,} tokens; {pair.target.spec.name} reads at most {positions:,} positions, "
                          "its answer included: shorten it")

@@ -117,33 +117,47 @@ def test_a_request_body_past_the_limit_is_refused_unread_and_the_server_keeps_se
     response = httpx.post(f"{url}gradio_api/call/compare", json=body, timeout=60)
     assert response.status_code == 413 and "shorten the text" in response.json()["error"]
 
+    def chunks():   # sent without a Content-Length
+        for _ in range(limit // 2**16 + 2):
+            yield b"x" * 2**16
+    response = httpx.post(f"{url}gradio_api/call/compare", content=chunks(), timeout=60,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 413
     still_serves(client)
 
 
-def test_a_body_sent_without_its_length_ends_for_the_app_once_past_the_limit():
+def test_a_body_sent_without_its_length_is_refused_once_past_the_limit_and_handed_whole_within_it():
     import asyncio
 
     from assistgen.app.body_limit import BodyLimit
-    seen = []
+    seen, sent = [], []
 
-    async def app(scope, receive, send):   # reads until the client leaves or the body ends
+    async def app(scope, receive, send):   # reads the body as an app does
         while (message := await receive())["type"] == "http.request":
             seen.append(len(message["body"]))
             if not message.get("more_body"):
                 break
-        seen.append(message["type"])
-    chunks = [{"type": "http.request", "body": b"x" * 400, "more_body": True} for _ in range(5)]
 
-    async def receive():
-        return chunks.pop(0)
-    scope = {"type": "http", "path": "/gradio_api/queue/join", "headers": []}
-    asyncio.run(BodyLimit(app, max_bytes=1000)(scope, receive, None))
-    assert seen == [400, 400, "http.disconnect"]
-    seen.clear()
-    scope["path"] = "/gradio_api/upload"   # Gradio's own limit covers uploads
-    chunks[:] = [{"type": "http.request", "body": b"x" * 400, "more_body": i < 3} for i in range(4)]
-    asyncio.run(BodyLimit(app, max_bytes=1000)(scope, receive, None))
-    assert seen == [400] * 4 + ["http.request"]
+    async def send(message):
+        sent.append(message)
+
+    def run(path: str, sizes: list[int]) -> None:
+        chunks = [{"type": "http.request", "body": b"x" * n, "more_body": i < len(sizes) - 1}
+                  for i, n in enumerate(sizes)]
+
+        async def receive():
+            return chunks.pop(0)
+        scope = {"type": "http", "path": path, "headers": [(b"transfer-encoding", b"chunked")]}
+        seen.clear(), sent.clear()
+        asyncio.run(BodyLimit(app, max_bytes=1000)(scope, receive, send))
+    run("/gradio_api/queue/join", [400] * 5)
+    assert seen == [] and sent[0]["status"] == 413 and b"shorten the text" in sent[1]["body"]
+    run("/gradio_api/queue/join", [400, 400])
+    assert seen == [800] and sent == []
+    run("/gradio_api/run/upload", [400] * 5)   # a route named like the upload route is not it
+    assert sent[0]["status"] == 413
+    run("/gradio_api/upload", [400] * 4)   # Gradio's own file-size limit covers uploads
+    assert seen == [400] * 4 and sent == []
 
 
 def _mp3(path: Path, seconds: float = 2.0, rate: int = 16000) -> Path:
@@ -205,6 +219,7 @@ def test_a_two_hour_recording_is_refused_from_its_metadata_without_decoding(tmp_
         raise AssertionError("the audio was decoded")
 
     monkeypatch.setattr(sf, "read", no_decode)
+    monkeypatch.setattr(sf.SoundFile, "read", no_decode)
     with pytest.raises(InputError) as info:
         load_audio(long, max_seconds=30)
     assert "120 min long" in str(info.value) and "the limit is 30 s" in str(info.value)

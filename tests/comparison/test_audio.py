@@ -132,7 +132,7 @@ def test_a_file_whose_rate_would_decode_to_gigabytes_is_refused_from_its_header(
     # 8 channels at 655 kHz: a few kilobytes of FLAC per second of a steady tone, gigabytes once decoded
     path = tmp_path / "bomb.flac"
     sf.write(str(path), np.full((65535, 8), 0.1, np.float32), 655350)
-    monkeypatch.setattr(sf, "read", lambda *a, **k: pytest.fail("decoded"))
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(InputError, match="sampled at 655,350 Hz; the most this app reads is 192,000 Hz"):
         load_audio(path)
 

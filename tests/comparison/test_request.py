@@ -46,8 +46,8 @@ def test_a_bad_pair_or_task_is_an_input_error_that_says_what_to_do(catalog, name
     ({"max_new_tokens": 0}, "max_new_tokens must be a whole number from 1 to 1024, got 0"),
     ({"max_new_tokens": 1025}, "max_new_tokens must be a whole number from 1 to 1024, got 1025"),
     ({"max_new_tokens": "2.5"}, "max_new_tokens must be a whole number, got 2.5"),
-    ({"temperature": 2.5}, "temperature must be 0 (greedy) or from 0.01 to 2"),
-    ({"temperature": 1e-40}, "temperature must be 0 (greedy) or from 0.01 to 2"),   # logits / T would overflow
+    ({"temperature": 2.5}, "temperature must be 0 (greedy) or from 0.001 to 2"),
+    ({"temperature": 1e-40}, "temperature must be 0 (greedy) or from 0.001 to 2"),   # logits / T would overflow
     ({"temperature": "nan"}, "temperature must be a number, got nan"),
     ({"temperature": 10**400}, "temperature must be a finite number"),
     ({"max_new_tokens": "inf"}, "max_new_tokens must be a finite number, got inf"),
@@ -90,9 +90,12 @@ def test_a_recording_is_decoded_once_and_held_to_the_audio_limit(catalog, tmp_pa
         build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
                       limits=Limits(max_audio_s=1.0))
     # the size too, whichever way the file came (an API call's URL bypasses the upload's own limit)
-    with pytest.raises(InputError, match=r"the file is 0.0 MB; the limit is 0 MB \(ASSISTGEN_MAX_FILE_SIZE\)"):
+    with pytest.raises(InputError, match=r"the file is 47 KB; the limit is 40 KB \(ASSISTGEN_MAX_FILE_SIZE\)"):
         build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
-                      limits=Limits(max_file_size="40kb"))
+                      limits=Limits(max_file_size="40kb"), served=True)
+    # the command line and bench read local files of any size
+    assert build_request(spec, "asr", request_settings(spec), audio=_wav(tmp_path / "a.wav", 1.5),
+                         limits=Limits(max_file_size="40kb")).samples.shape == (24000,)
 
 
 def test_text_is_checked_before_any_model_loads(catalog, monkeypatch):
@@ -105,7 +108,7 @@ def test_text_is_checked_before_any_model_loads(catalog, monkeypatch):
         build_request(spec, "chat", request_settings(spec), text="hi \ud800 there")
 
 
-def test_a_prompt_that_leaves_the_model_no_room_is_refused_with_what_to_do(catalog, pool):
+def test_a_prompt_that_leaves_the_model_no_room_is_refused_with_what_to_do(catalog, pool, monkeypatch):
     spec = catalog.pair("tiny-text")
     loaded = pool.pair("tiny-text")
     positions = loaded.target.model.config.max_position_embeddings
@@ -113,6 +116,9 @@ def test_a_prompt_that_leaves_the_model_no_room_is_refused_with_what_to_do(catal
     request = build_request(spec, "chat", request_settings(spec), text=words, limits=Limits(max_input_tokens=4096))
     with pytest.raises(InputError, match=f"reads at most {positions:,} positions, its answer included: shorten it"):
         request_inputs(request, loaded)
+    # an encoder-decoder model reads the text apart from its answer (T5's n_positions is no such limit)
+    monkeypatch.setattr(loaded.target.model.config, "is_encoder_decoder", True)
+    assert request_inputs(request, loaded).inputs["input_ids"].shape[1] > positions
 
 
 def test_the_environment_sets_each_limit_and_only_where_given():

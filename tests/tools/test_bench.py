@@ -69,7 +69,7 @@ def test_bench_refuses_bad_arguments_with_exit_2(tiny_catalog_path, tmp_path):
     out = bench(tiny_catalog_path, tmp_path)
     assert out.returncode == 2 and "nothing to run" in out.stderr
     out = bench(tiny_catalog_path, tmp_path, "--suite", "chat", "--temperatures", "0,7")
-    assert out.returncode == 2 and "each temperature must be 0 (greedy) or from 0.01 to 2" in out.stderr
+    assert out.returncode == 2 and "each temperature must be 0 (greedy) or from 0.001 to 2" in out.stderr
 
 
 def test_prompt_files_and_audio_folders(tmp_path):
