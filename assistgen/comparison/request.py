@@ -46,8 +46,8 @@ class ModelInputs:
 
 def _check_task(spec: PairSpec, task: str) -> None:
     if task not in spec.tasks:
-        raise InputError(f"pair {spec.name!r} does not do {TASK_LABELS.get(task, task).lower()} ({task}); it does "
-                         f"{', '.join(spec.tasks)}: pick another pair")
+        raise InputError(f"pair {spec.name!r} does not do {TASK_LABELS.get(task, task).lower()}; it does "
+                         f"{', '.join(TASK_LABELS.get(t, t).lower() for t in spec.tasks)}: pick another pair")
 
 
 def _checked(settings: Settings) -> Settings:

@@ -26,6 +26,7 @@ import copy
 import importlib.metadata
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,7 @@ from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
 from .peers import LLAMA_SERVER_ENV, PEERS, llama_server_path, start_peer
 from .report import markdown, plots, summarize
-from .terminal import CliError, load_pair, named_list, progress_bar
+from .terminal import CliError, load_pair, named_list, output_folder, progress_bar
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 HALVES = ("tuning", "held-out")   # each set's odd-numbered items, its even-numbered ones (`half`)
@@ -466,6 +467,7 @@ def run(args: argparse.Namespace) -> int:
         catalog = load_catalog(args.catalog)
         specs = [catalog.pair(name) for name in dict.fromkeys(args.pair)]
         items = _items(args, specs)
+        output_folder(args.out)
         if "llama.cpp" in engines:   # before minutes of loading: how to build it
             llama_server_path(args.llama_server)
         pairs = [load_pair(catalog, spec) for spec in specs]
@@ -503,7 +505,7 @@ def _run(args, *, out: Path, specs, items, pairs, peers) -> int:
     out.mkdir(parents=True, exist_ok=True)
     first = pairs[0]
     meta = {"pairs": [spec.name for spec in specs], "modes": {p.spec.name: p.mode for p in pairs},
-            "command": "python -m assistgen " + " ".join(args.argv),
+            "command": shlex.join(["python", "-m", "assistgen", *args.argv]),
             "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),

@@ -8,7 +8,7 @@ import sys
 from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
                           language_text, windows_text)
 from ..app.service import Service
-from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
+from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_LABELS, TASK_NAMES
 from ..comparison.compare import compare
 from ..comparison.request import request_inputs
 from ..comparison.tasks import LANGUAGES, InputError
@@ -21,6 +21,10 @@ from ..models.packs import PackError, cache_dir, disk_bytes
 from ..models.prepare import kept_models, prepare, prunable, prune
 from . import bench, enginebench, sweep
 from .terminal import CliError, checked_request, load_pair, named, pair_for, progress_bar
+
+
+STOPPED_BY = {"eos": "ended by the model", "max_new_tokens": "stopped at --max-new-tokens",
+              "max_length": "stopped at the model's longest sequence", "max_time": "stopped at the time limit"}
 
 
 def cmd_models(args) -> int:
@@ -37,8 +41,10 @@ def cmd_models(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        state = "available" if row["available"] else "UNAVAILABLE"
-        print(f"{row['pair']}  [{', '.join(row['tasks'])}]  {state}: {row['reason']}")
+        tasks = ", ".join(TASK_LABELS[task].lower() for task in row["tasks"])
+        state = (f"UNAVAILABLE: {row['reason']}" if not row["available"]
+                 else "available" if row["reason"] == "available" else f"available: {row['reason']}")
+        print(f"{row['pair']}  [{tasks}]  {state}")
         print(f"    target    {row['target']} ({row['target_source']})")
         print(f"    assistant {row['assistant']} ({row['assistant_source']})")
     return 0
@@ -127,7 +133,8 @@ def cmd_compare(args) -> int:
         print(f"== {name} ({'ran first' if name == result['ran_first'] else 'ran second'})\n{run['text']}\n"
               f"   latency {run['latency_s']:.2f} s, {run['new_tokens']} tokens, {run['tokens_per_second']:.2f} tok/s, "
               f"{run['target_passes']} target passes, {run['tokens_per_pass']:.2f} tokens/pass, acceptance "
-              f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}")
+              f"{'n/a' if run['acceptance_rate'] is None else format(run['acceptance_rate'], '.0%')}; "
+              f"{STOPPED_BY.get(run['stop_reason'], run['stop_reason'])}")
     acc = acceptance_rows(result["assisted"]["acceptance"])
     if acc:
         print("acceptance: " + "; ".join(f"{name} {value}" for name, value in acc))

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
@@ -28,7 +28,7 @@ from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
 from ..models.loading import LoadError
 from ..models.pool import ModelPool
-from .terminal import CliError, checked_request, named, pair_for, progress_bar
+from .terminal import CliError, checked_request, named, output_folder, pair_for, progress_bar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise CliError(f"--repeats must be from 1 to {MAX_REPEATS}")
+    out = output_folder(args.out) if args.out else None
     if args.over == "assistant":
         allowed = assistant_choices(catalog, spec.name, args.task)
         bad = [v for v in values if v not in allowed]
@@ -125,11 +126,10 @@ def run(args: argparse.Namespace) -> int:
             "base_settings": {"max_new_tokens": base.max_new_tokens, "temperature": base.temperature,
                               "draft_source": base.draft_source, "num_assistant_tokens": base.num_assistant_tokens,
                               "schedule": base.schedule},
-            "command": "python -m assistgen " + " ".join(getattr(args, "argv", []) or []), **progress.state()}
+            "command": shlex.join(["python", "-m", "assistgen", *(getattr(args, "argv", []) or [])]),
+            **progress.state()}
     result = sweep_json(args.over, points, meta)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         (out / "sweep.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
         (out / "sweep.csv").write_text(sweep_csv(args.over, points))
         sweep_figure(args.over, points, f"{spec.name}, {args.task}: {args.repeats} repeat(s)").savefig(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -42,6 +43,18 @@ def named_list(names: dict[str, str], what: str):
         return list(dict.fromkeys(values))
     parse.__name__ = what
     return parse
+
+
+def output_folder(path: str) -> Path:
+    """`--out`, made now (before minutes of loading and running) or refused as one line: a file, or not writable."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CliError(f"--out {path}: a file is in the way; name a folder") from None
+    except OSError as exc:
+        raise CliError(f"--out {path}: cannot make the folder ({exc.strerror})") from None
+    return out
 
 
 def pair_for(catalog: Catalog, name: str, task: str, audio) -> PairSpec:

@@ -32,7 +32,7 @@ def _wav(path, seconds: float):
 @pytest.mark.parametrize("name,task,needle", [
     ("tiny-text", "poetry", "unknown task 'poetry'; choose from chat, translation, summarization, asr"),
     ("no-such-pair", "chat", "unknown pair 'no-such-pair'; choose from: tiny-text"),
-    ("tiny-text", "asr", "pair 'tiny-text' does not do speech recognition (asr); it does chat, translation, "
+    ("tiny-text", "asr", "pair 'tiny-text' does not do speech recognition; it does chat, translation, "
                          "summarization: pick another pair"),
     ("tiny-missing", "chat", "pair 'tiny-missing' is unavailable"),
 ])
@@ -77,7 +77,7 @@ def test_speech_needs_a_recording_and_text_needs_text(catalog, tmp_path):
         build_request(text, "chat", request_settings(text), text=" \n ")
     with pytest.raises(InputError, match="unknown target language 'Klingon'"):
         build_request(text, "translation", request_settings(text), text="Hello.", target_language="Klingon")
-    with pytest.raises(InputError, match=r"does not do speech recognition \(asr\)"):
+    with pytest.raises(InputError, match=r"does not do speech recognition; it does chat"):
         build_request(text, "asr", request_settings(text), audio=_wav(tmp_path / "a.wav", 1.0))
 
 

@@ -55,7 +55,7 @@ def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--pair", "nope", "--task", "chat", "--text", "x"], "unknown pair 'nope'"),
-    (["--pair", "tiny-text", "--task", "asr", "--text", "x"], "does not do speech recognition (asr)"),
+    (["--pair", "tiny-text", "--task", "asr", "--text", "x"], "does not do speech recognition; it does chat"),
     (["--pair", "tiny-text", "--task", "chat", "--text", "x", "--max-new-tokens", "0"], "max_new_tokens"),
     (["--pair", "tiny-missing", "--task", "chat", "--text", "x"], "unavailable"),
     (["--pair", "tiny-speech", "--task", "asr", "--audio", "/no/such.wav"], "missing"),
@@ -126,3 +126,31 @@ def test_fetch_downloads_a_pairs_hub_models_and_fails_clearly_offline(monkeypatc
     assert [repo for repo, _ in fetched] == ["openai/whisper-small.en", "distil-whisper/distil-small.en"]
     assert all("*.safetensors" in patterns and not any("bin" in p for p in patterns) for _, patterns in fetched)
     availability.hub_reachable.cache_clear()
+
+
+@pytest.mark.parametrize("command", [["sweep", "--pair", "tiny-text", "--task", "chat", "--text", "hi", "--over",
+                                      "temperature", "--values", "0"], ["bench", "--pair", "tiny-text",
+                                                                        "--prompts", "PROMPTS", "--limit", "1"]])
+def test_an_out_folder_that_cannot_be_made_is_refused_before_any_model_runs(tiny_catalog_path, tmp_path, monkeypatch,
+                                                                            capsys, command):
+    from assistgen.tools.cli import main
+    in_the_way = tmp_path / "results"
+    in_the_way.write_text("a file")
+    (tmp_path / "prompts.txt").write_text("hello\n")
+    monkeypatch.setattr("assistgen.tools.bench.load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr("assistgen.tools.sweep.ModelPool", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = [str(tmp_path / "prompts.txt") if word == "PROMPTS" else word for word in command]
+    assert main(["--catalog", str(tiny_catalog_path), *argv, "--out", str(in_the_way)]) == 2
+    assert "a file is in the way; name a folder" in capsys.readouterr().err
+
+
+def test_compare_and_models_speak_the_pages_words(tiny_catalog_path):
+    out = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "compare", "--pair", "tiny-text", "--task",
+              "chat", "--text", "hello there", "--max-new-tokens", "3")
+    assert out.returncode == 0, out.stderr
+    runs = [line for line in out.stdout.splitlines() if "tokens/pass" in line]
+    # why each run stopped: at the budget, or at the model's end of sequence before it
+    assert len(runs) == 2 and all(line.endswith(("stopped at --max-new-tokens", "ended by the model")) for line in runs)
+    listing = run("-m", "assistgen", "--catalog", str(tiny_catalog_path), "models").stdout
+    assert "tiny-speech  [speech recognition]  available\n" in listing
+    assert "tiny-missing  [chat]  UNAVAILABLE: " in listing and "available: available" not in listing
