@@ -131,8 +131,9 @@ def points_markdown(over: str, points: list[Point]) -> str:
             continue
         s = point.summary()
         identical = "–" if s["identical_all"] is None else ("all" if s["identical_all"] else "**NO**")
+        predicted = f"{_f(s['predicted_speedup'])}×" if s["drafted"] else "nothing drafted"
         lines.append(f"| {point.value} | {s['runs']} | {_f(s['speedup'])}× ({_f(s['speedup_min'])}–"
-                     f"{_f(s['speedup_max'])}) | {_f(s['predicted_speedup'])}× | {_f(s['tokens_per_pass'])} | "
+                     f"{_f(s['speedup_max'])}) | {predicted} | {_f(s['tokens_per_pass'])} | "
                      f"{_f(s['mean_acceptance_length'])} | {_f(s['draft_acceptance_rate'], '.0%')} | "
                      f"{_f(s['zero_accept_share'], '.0%')} | "
                      + (" ".join(f"{v:.0%}" for v in s["per_position"][:6]) or "–")

@@ -142,6 +142,8 @@ class Point:
             "identical": [r["identical"] for r in runs] if greedy else None,
             "identical_all": all(r["identical"] for r in runs) if greedy else None,
             "reliable": all((r.get("stability") or {}).get("stable", True) for r in runs),
+            # whether any run verified a draft: one that did not ran as plain decoding (its reason: assistant_start)
+            "drafted": any(((r["assisted"].get("acceptance") or {}).get("drafting_passes") or 0) > 0 for r in runs),
             "draft_source": sorted({r["draft_source"] for r in runs}),
             "pair": sorted({r["pair"] for r in runs}),
             "warnings": sorted({w for r in runs for w in r["warnings"]}),

@@ -243,7 +243,8 @@ class PaybackGate:
         self.prompt_tokens: int | None = None
         self.started_after: int | None = None              # tokens generated when the assistant started
         self.assistant_prompt: tuple[float, int] | None = None   # its prompt pass: (seconds, tokens)
-        self.refused: tuple[float, int, float] | None = None     # the last refusal: (estimated s, tokens, saving/token)
+        # the last refusal: (estimated s, tokens, saving per token, tokens the answer could still be expected to run)
+        self.refused: tuple[float, int, float, int] | None = None
         self._prompt_s: float | None = None                # this generation's target prompt pass, per token
         self._lookup, self._assisted = Rate(), Rate()      # this generation's own steps
         self._call: tuple[int, float, bool] = (0, 0.0, False)    # this call: (length, start, started before it)
@@ -308,7 +309,7 @@ class PaybackGate:
         expected = min(self.budget - generated, answer)
         if expected * saving >= cost:
             return True
-        self.refused = (cost, len(tokens), saving)
+        self.refused = (cost, len(tokens), saving, expected)
         return False
 
     def decision(self, generated: int) -> dict:
@@ -318,9 +319,10 @@ class PaybackGate:
             out["assistant_prompt_s"], out["assistant_prompt_tokens"] = round(self.assistant_prompt[0], 4), \
                 self.assistant_prompt[1]
         if self.refused is not None:
-            cost, count, saving = self.refused
+            cost, count, saving, expected = self.refused
             out.update(estimated_prompt_s=round(cost, 4), estimated_prompt_tokens=count,
-                       saving_per_token_s=round(saving, 5), break_even_tokens=math.ceil(cost / saving))
+                       saving_per_token_s=round(saving, 5), break_even_tokens=math.ceil(cost / saving),
+                       expected_tokens=expected)
         out["reason"] = self._reason(generated, out)
         return out
 
@@ -341,8 +343,9 @@ class PaybackGate:
         if self.started:
             return (f"the assistant started after {_tokens(self.started_after)}, once the answer had run long enough: "
                     f"{prompt}; drafts came from the prompt (lookup) until then")
-        return (f"the assistant was not used: {prompt}, and the answer ended after {_tokens(generated)}; drafts came "
-                "from the prompt (lookup) alone")
+        return (f"the assistant was not used: {prompt}, and when last asked the answer could be expected to run "
+                f"{_tokens(out['expected_tokens'])} more (it ended after {_tokens(generated)}); drafts came from the "
+                "prompt (lookup) alone")
 
 
 def _tokens(n: int) -> str:

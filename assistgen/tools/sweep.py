@@ -150,8 +150,11 @@ def _report(args: argparse.Namespace, progresses: Iterator[Progress]) -> Iterato
         if progress.last is not None:
             value, repeat = progress.last
             s = next(p for p in progress.points if p.value == value).runs[-1]
+            idle = not ((s["assisted"].get("acceptance") or {}).get("drafting_passes") or 0)
+            why = (s["assisted"].get("assistant_start") or {}).get("reason")
             print(f"[{progress.done}/{progress.total}] {args.over}={value} repeat {repeat + 1}: speedup "
                   f"{s['speedup']:.2f}x, {s['assisted']['tokens_per_pass']:.2f} tokens/pass"
+                  + (f", nothing drafted ({why or 'no draft source proposed one'})" if idle else "")
                   + ("" if s["identical"] or s["settings"]["temperature"] > 0 else ", DIFFERS from baseline")
                   + ("" if (s["stability"] or {}).get("stable", True) else " (timing not reliable)"),
                   file=sys.stderr, flush=True)
@@ -166,8 +169,9 @@ def sweep_table(over: str, points: list[dict]) -> str:
              "| accepted nothing | per position | identical | reliable |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in points:
         identical = "–" if s["identical_all"] is None else ("all" if s["identical_all"] else "NO")
+        predicted = f"{f(s['predicted_speedup'])}×" if s["drafted"] else "nothing drafted"
         lines.append(f"| {s['value']} | {s['runs']} | {f(s['speedup'])}× ({f(s['speedup_min'])}–{f(s['speedup_max'])})"
-                     f" | {f(s['predicted_speedup'])}× | {f(s['tokens_per_pass'])} | {f(s['mean_acceptance_length'])} | "
+                     f" | {predicted} | {f(s['tokens_per_pass'])} | {f(s['mean_acceptance_length'])} | "
                      f"{f(s['draft_acceptance_rate'], '.0%')} | {f(s['zero_accept_share'], '.0%')} | "
                      + " ".join(f"{v:.0%}" for v in s["per_position"]) + f" | {identical} | "
                      f"{'yes' if s['reliable'] else 'no'} |")

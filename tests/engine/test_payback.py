@@ -76,6 +76,9 @@ def test_a_long_prompt_with_a_short_answer_never_pays_the_assistants_prompt_pass
     assert decision["started_after"] is None and decision["prompt_tokens"] == 150
     assert decision["break_even_tokens"] > 10
     assert decision["reason"].startswith("the assistant was not used: its prompt pass (about ")
+    # what the gate weighed the pass against when it last said no: never more than the budget left
+    assert 0 < decision["expected_tokens"] < decision["break_even_tokens"]
+    assert f"could be expected to run {decision['expected_tokens']} token" in decision["reason"]
 
 
 def test_a_long_prompt_with_a_long_answer_starts_the_assistant_once_it_pays_back(clock):

@@ -170,3 +170,18 @@ def test_ctrl_c_stops_the_sweep_cli_at_its_next_step_and_writes_the_finished_run
     assert result["stopped"].startswith(f"Stopped by the user after {result['points_done']} of 80 points")
     assert sum(p["runs"] for p in result["points"]) == result["points_done"]
     assert json.loads((tmp_path / "sweep.json").read_text())["stopped"] == result["stopped"]
+
+
+def test_a_value_at_which_nothing_was_drafted_says_so_instead_of_a_prediction():
+    from assistgen.tools.sweep import sweep_table
+
+    def run_one(settings, pair, on_step):
+        result = fake_result(settings, pair, 1.0)
+        if settings.temperature > 0:   # the assistant never started: the run was plain decoding
+            result["assisted"]["acceptance"] = {**result["assisted"]["acceptance"], "drafting_passes": 0}
+        return result
+    points = list(run_sweep("temperature", [0.0, 1.0], 1, Settings(max_new_tokens=8), "p", run_one))[-1].points
+    summaries = [p.summary() for p in points]
+    assert [s["drafted"] for s in summaries] == [True, False]
+    rows = sweep_table("temperature", summaries).splitlines()[2:]
+    assert "nothing drafted" not in rows[0] and "| nothing drafted |" in rows[1]
