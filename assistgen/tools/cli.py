@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the initial window: drafts before the first verification; default: the pair's own")
     comp.add_argument("--schedule", choices=SCHEDULE_NAMES,
                       help="how the window moves: " + ", ".join(SCHEDULE_NAMES) + "; default: the pair's own")
-    comp.add_argument("--target-language", default="French", choices=LANGUAGES, help="translation: into this")
+    comp.add_argument("--target-language", default="French", choices=LANGUAGES,
+                      help="translation: into this (default French)")
     comp.add_argument("--language", default="auto",
                       help="speech: the spoken language's code (en, fr, de, ...), or auto to detect it (default)")
     comp.add_argument("--seed", type=int, default=0, help="random seed for sampling (temperature > 0); default 0")

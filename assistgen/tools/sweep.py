@@ -23,7 +23,7 @@ from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
 from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, parse_values, run_sweep,
                                 sweep_break_even_figure, sweep_csv, sweep_figure, sweep_json)
-from ..comparison.tasks import InputError
+from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
 from ..models.loading import LoadError
@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--over", required=True, choices=list(OVER), help="the setting to sweep")
     p.add_argument("--values", required=True,
                    help="comma-separated values of --over: temperatures (0 = greedy), windows, schedule names ("
-                        + ", ".join(SCHEDULE_NAMES) + "), draft sources (assistant, assistant+lookup, prompt-lookup)"
-                        + ") or pair names sharing --pair's target")
+                        + ", ".join(SCHEDULE_NAMES) + "), draft sources (assistant, assistant+lookup, prompt-lookup) "
+                        "or pair names sharing --pair's target")
     p.add_argument("--repeats", type=int, default=2, help=f"runs per value, 1 to {MAX_REPEATS} (default 2)")
     p.add_argument("--max-new-tokens", type=int, help="per run (default: the pair's own)")
     p.add_argument("--temperature", type=float, default=0.0, help="when not swept: 0 = greedy (default)")
@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="assistant, assistant+lookup or prompt-lookup, when not swept (default: the pair's own)")
     p.add_argument("--num-assistant-tokens", type=int, help="the initial window, when not swept (default: the pair's)")
     p.add_argument("--schedule", choices=SCHEDULE_NAMES, help="when not swept (default: the pair's own)")
-    p.add_argument("--target-language", default="French", help="translation: into this (default French)")
+    p.add_argument("--target-language", default="French", choices=LANGUAGES,
+                   help="translation: into this (default French)")
     p.add_argument("--language", default="auto", help="speech: the spoken language's code, or auto (default)")
     p.add_argument("--json", action="store_true", help="print the sweep's JSON on stdout")
     p.add_argument("--out", metavar="DIR", help="write sweep.json, sweep.csv, sweep.png and break_even.png here")
