@@ -69,6 +69,19 @@ def pair_for(catalog: Catalog, name: str, task: str, audio) -> PairSpec:
     return spec
 
 
+# a setting's name in the messages the page and the API share, and the option that sets it here
+FLAGS = {"max_new_tokens": "--max-new-tokens", "num_assistant_tokens": "--num-assistant-tokens",
+         "initial window": "--num-assistant-tokens", "temperature": "--temperature", "seed": "--seed"}
+
+
+def as_flags(message: str) -> str:
+    """A refusal that names a setting, naming the command line's option instead."""
+    for name, flag in FLAGS.items():
+        if message.startswith(name + " "):
+            return flag + message[len(name):]
+    return message
+
+
 def checked_request(spec: PairSpec, args) -> Request:
     """The request the options of `compare` or `sweep` make for `spec` (`request.build_request`): what is not given
     is the pair's own; no time limit on a run."""
@@ -79,7 +92,7 @@ def checked_request(spec: PairSpec, args) -> Request:
         return build_request(spec, args.task, settings, text=args.text, audio=args.audio,
                              target_language=args.target_language, language=args.language)
     except InputError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(as_flags(str(exc))) from None
 
 
 def progress_bar(min_interval_s: float = 0.5):

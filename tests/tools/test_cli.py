@@ -56,7 +56,9 @@ def test_compare_json_accounts_for_every_assistant_pass(tiny_catalog_path):
 @pytest.mark.parametrize("args,needle", [
     (["--pair", "nope", "--task", "chat", "--text", "x"], "unknown pair 'nope'"),
     (["--pair", "tiny-text", "--task", "asr", "--text", "x"], "does not do speech recognition; it does chat"),
-    (["--pair", "tiny-text", "--task", "chat", "--text", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--pair", "tiny-text", "--task", "chat", "--text", "x", "--max-new-tokens", "0"], "--max-new-tokens must be"),
+    (["--pair", "tiny-text", "--task", "chat", "--text", "x", "--num-assistant-tokens", "0"],
+     "--num-assistant-tokens must be from 1 to 64"),
     (["--pair", "tiny-missing", "--task", "chat", "--text", "x"], "unavailable"),
     (["--pair", "tiny-speech", "--task", "asr", "--audio", "/no/such.wav"], "missing"),
 ])
