@@ -69,8 +69,9 @@ def test_every_results_folder_is_in_the_index_none_is_a_rerun_and_none_holds_cod
 
 
 # a whole command: one that names its pair, or gives three options or more; `bench --half tuning` names an option
-COMMAND = re.compile(r"^(?:\S*python -m assistgen (?:--catalog \S+ )?)?((?:bench|compare|sweep) (?:(?:.* )?--pair [^-].*"
-                     r"|(?:--\S+.*){3,})|(?:prepare|models|fetch|engine-bench)(?: --.*)?)$")
+COMMAND = re.compile(r"^(?:\S*python -m assistgen (?:--catalog \S+ )?)?"
+                     r"((?:bench|compare|sweep) (?:(?:.* )?--pair [^-].*|(?:--\S+.*){3,})"
+                     r"|(?:prepare|models|fetch|engine-bench)(?: --.*)?)$")
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -73,7 +73,8 @@ def figures_markdown(run: dict, assisted: bool) -> str:
     if assisted:
         rows.append(("assistant passes", str(run["assistant_passes"])))
         # the acceptance in vLLM's terms, its draft acceptance rate among them; the plain rate where it has none
-        rows += acceptance_rows(run.get("acceptance")) or [("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))]
+        rows += (acceptance_rows(run.get("acceptance"))
+                 or [("acceptance rate", fmt_value(run["acceptance_rate"], ".0%"))])
     rows += [("setup (encoder, caches)", fmt_value(t["setup_s"], ".2f", " s")),
              ("first step (prompt pass" + (", assistant's too" if assisted else "") + ")",
               fmt_value(t["prompt_s"], ".2f", " s"))]

@@ -266,7 +266,8 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
                           num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
                           on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
-            remember(measured, key, schedule)   # the next run's start; kept for the next process by `compare`, once judged
+            # the next run's start; kept for the next process by `compare`, once judged
+            remember(measured, key, schedule)
         return result
     if isinstance(inputs, dict):
         return one(inputs)

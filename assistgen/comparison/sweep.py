@@ -68,6 +68,12 @@ def parse_values(over: str, values: str | list) -> list:
     return parsed
 
 
+def drafted(run: dict) -> bool:
+    """Whether a comparison's assisted run verified any draft: one that did not ran as plain decoding (its reason:
+    `assisted.assistant_start`)."""
+    return ((run["assisted"].get("acceptance") or {}).get("drafting_passes") or 0) > 0
+
+
 def point_settings(base: Settings, over: str, value, repeat: int) -> Settings:
     """The settings of one run: the base, with the swept setting at `value` and the repeat as the seed (sampled
     repeats draw differently; greedy ones do not depend on it)."""
@@ -142,8 +148,7 @@ class Point:
             "identical": [r["identical"] for r in runs] if greedy else None,
             "identical_all": all(r["identical"] for r in runs) if greedy else None,
             "reliable": all((r.get("stability") or {}).get("stable", True) for r in runs),
-            # whether any run verified a draft: one that did not ran as plain decoding (its reason: assistant_start)
-            "drafted": any(((r["assisted"].get("acceptance") or {}).get("drafting_passes") or 0) > 0 for r in runs),
+            "drafted": any(drafted(r) for r in runs),
             "draft_source": sorted({r["draft_source"] for r in runs}),
             "pair": sorted({r["pair"] for r in runs}),
             "warnings": sorted({w for r in runs for w in r["warnings"]}),

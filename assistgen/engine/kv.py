@@ -42,8 +42,8 @@ class CachedDecoder:
     `whisper_decoder.WhisperDecoderStep`, its cross-attention over the whole encoder output it reads (with the
     target's keys and values, `target_key_values`, where its projections give them), a Llama or Qwen2 one through
     `llama_decoder.LlamaDecoderStep`: each the same arithmetic without transformers' per-step overhead (which took a
-    third of a tiny.en draft pass). A target runs through transformers' own modules, except a row-invariant Llama or Qwen2 one
-    (w8a8), which runs through `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with
+    third of a tiny.en draft pass). A target runs through transformers' own modules, except a row-invariant Llama or
+    Qwen2 one (w8a8), which runs through `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with
     row-invariant attention reads its prompt in a pass of its own, before the first drafts
     (`attention.separate_prompt_pass`).
     """

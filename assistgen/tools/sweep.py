@@ -21,7 +21,7 @@ from typing import Iterator
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
 from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
-from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, parse_values, run_sweep,
+from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, drafted, parse_values, run_sweep,
                                 sweep_break_even_figure, sweep_csv, sweep_figure, sweep_json)
 from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
@@ -151,7 +151,7 @@ def _report(args: argparse.Namespace, progresses: Iterator[Progress]) -> Iterato
         if progress.last is not None:
             value, repeat = progress.last
             s = next(p for p in progress.points if p.value == value).runs[-1]
-            idle = not ((s["assisted"].get("acceptance") or {}).get("drafting_passes") or 0)
+            idle = not drafted(s)
             why = (s["assisted"].get("assistant_start") or {}).get("reason")
             print(f"[{progress.done}/{progress.total}] {args.over}={value} repeat {repeat + 1}: speedup "
                   f"{s['speedup']:.2f}x, {s['assisted']['tokens_per_pass']:.2f} tokens/pass"

@@ -1,8 +1,8 @@
 """Do the page's timings equal the CLI's? The running app (its page in headless Chromium, and its /compare API through
 gradio_client) against `python -m assistgen compare --json`, interleaved, on the same prompts and pair.
 
-    .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b-w8a8+0.5b-int8 --prompts bench/inputs/code_prompts.txt \
-        --limit 3 [--rounds 2] --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out FILE.json]
+    .venv/bin/python -m bench.scripts.app_vs_cli --pair qwen2.5-coder-1.5b-w8a8+0.5b-int8 \
+        --prompts bench/inputs/code_prompts.txt --limit 3 [--rounds 2] --max-new-tokens 64 [--url http://127.0.0.1:7860/] [--no-page] [--out FILE.json]
     .venv/bin/python -m bench.scripts.app_vs_cli --pool FILE.json FILE.json ...
 
 Without --url it starts `app.py` itself on a free port and stops it at the end. Prints, per prompt and path, the

@@ -430,7 +430,8 @@ def test_a_pair_that_becomes_unavailable_is_no_longer_anyones_default(tiny_catal
     assert service.chosen_for("tiny-text") is not None
     real = service_module.pair_availability
     monkeypatch.setattr(service_module, "pair_availability",   # as after its load failed
-                        lambda pair, catalog: (False, "failed to load") if pair.name == "tiny-text" else real(pair, catalog))
+                        lambda pair, catalog: ((False, "failed to load") if pair.name == "tiny-text"
+                                               else real(pair, catalog)))
     choices = service.pair_choices("chat")
     assert ("tiny-text (unavailable: failed to load)", "tiny-text") in choices
     assert service.default_pair(choices) is None and service.chosen_for("tiny-text") is None

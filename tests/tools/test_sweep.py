@@ -45,10 +45,11 @@ def test_an_assistant_sweep_runs_each_pair():
     assert pairs == ["a", "b"]
 
 
-@pytest.mark.parametrize("over,values,needle", [("temperature", "0,3", "from 0.001 to 2"), ("temperature", "1e-40", "from 0.001 to 2"), ("num_assistant_tokens", "0",
-                         "whole number"), ("schedule", "fast", "schedule must be"), ("window", "1", "can sweep over"),
-                         ("num_assistant_tokens", "\u00b2", "whole number"), ("draft_source", "guess", "draft source must"),
-                         ("temperature", "0,0", "each value once")])
+@pytest.mark.parametrize("over,values,needle", [
+    ("temperature", "0,3", "from 0.001 to 2"), ("temperature", "1e-40", "from 0.001 to 2"),
+    ("num_assistant_tokens", "0", "whole number"), ("num_assistant_tokens", "\u00b2", "whole number"),
+    ("schedule", "fast", "schedule must be"), ("window", "1", "can sweep over"),
+    ("draft_source", "guess", "draft source must"), ("temperature", "0,0", "each value once")])
 def test_bad_sweep_values_are_refused(over, values, needle):
     with pytest.raises(ValueError, match=needle):
         parse_values(over, values)
