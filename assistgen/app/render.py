@@ -17,6 +17,7 @@ CSS = """
 .ag-acc {background: #bbf7d0; color: #14532d; border-radius: 3px;}
 .ag-own {background: #c7d2fe; color: #1e1b4b; border-radius: 3px;}
 .ag-rej {color: #b91c1c; text-decoration: line-through; font-size: 0.8em; opacity: 0.75;}
+.ag-out .ag-rej::after {content: attr(data-draft);}
 .ag-base {background: #e5e7eb; color: #111827; border-radius: 3px;}
 .ag-legend span {padding: 1px 6px; margin-right: 6px;}
 .ag-big {font-size: 1.6em; font-weight: 700;}
@@ -31,6 +32,13 @@ def _span(cls: str, text: str, title: str = "") -> str:
     return f"<span class='{cls}'{t}>{html.escape(text)}</span>"
 
 
+def _draft_span(text: str, title: str) -> str:
+    """A rejected draft, shown by CSS from its attribute: generated content is never part of a selection, so copying
+    the assisted column copies the assisted text alone."""
+    draft, title = html.escape(text, quote=True), html.escape(title, quote=True)
+    return f"<span class='ag-rej' data-draft='{draft}' title='{title}'></span>"
+
+
 def baseline_html(pieces: list[str]) -> str:
     body = "".join(_span("ag-base", p) for p in pieces) or "<span class='ag-note'>…</span>"
     return f"<div class='ag-out'>{body}</div>"
@@ -43,7 +51,8 @@ def plain_html(pieces: list[str]) -> str:
 
 def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
     """`steps` as in Comparison.to_dict(); `pieces[i]` is the text of the i-th emitted token; `draft_piece(id)` the
-    text of a rejected draft token."""
+    text of a rejected draft token. Only the emitted tokens are text; a rejected draft is drawn beside them
+    (`_draft_span`), out of what a reader selects and copies."""
     out, i = [], 0
     for n, step in enumerate(steps, 1):
         withheld = f" (+{step['withheld']} withheld)" if step.get("withheld") else ""
@@ -53,7 +62,7 @@ def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
             i += 1
         rejected = step["candidates"][step["accepted"]:]
         if rejected and len(step["emitted"]) > step["accepted"]:
-            out.append(_span("ag-rej", "".join(draft_piece(t) for t in rejected), title + " (rejected)"))
+            out.append(_draft_span("".join(draft_piece(t) for t in rejected), title + " (rejected)"))
         if len(step["emitted"]) > step["accepted"]:
             out.append(_span("ag-own", pieces[i], title))
             i += 1
