@@ -221,7 +221,8 @@ def _results_section() -> dict:
             assisted_figures = gr.Markdown(elem_id="assisted-figures")
     gr.HTML(LEGEND)
     summary = gr.HTML(elem_id="summary")
-    plot = gr.Plot(label="per target pass: window, drafts verified and withheld, accepted tokens",
+    plot = gr.Plot(label="assisted, per target pass: the window (the most drafts the schedule allowed, from the "
+                         "initial window in Settings), the drafts verified and withheld, and those accepted",
                    elem_id="steps-plot")
     with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
         raw = gr.JSON()

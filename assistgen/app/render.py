@@ -240,22 +240,25 @@ def summary_html(result: dict) -> str:
     return "".join(parts)
 
 
-def steps_figure(steps: list[dict]):
-    """Per target pass: the window the schedule allowed, the candidates verified (and those drafted but withheld),
-    and how many were accepted."""
+def steps_figure(steps: list[dict], initial_window: int | None = None):
+    """Per target pass: the window (the most drafts the schedule allowed; it starts at `initial_window`, the
+    Settings' value, and moves as the schedule adapts), the drafts verified (and those drafted but withheld), and how
+    many were accepted."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 2.6), dpi=100)
     x = list(range(1, len(steps) + 1))
-    ax.bar(x, [len(s["candidates"]) for s in steps], color="#fecaca", label="verified")
+    ax.bar(x, [len(s["candidates"]) for s in steps], color="#fecaca", label="drafts verified")
     if any(s.get("withheld") for s in steps):
         ax.bar(x, [s.get("withheld", 0) for s in steps], bottom=[len(s["candidates"]) for s in steps], color="#d4d4d8",
-               label="withheld")
-    ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="accepted")
-    ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca", label="window")
+               label="drafted, withheld")
+    ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="drafts accepted")
+    initial = "" if initial_window is None else f" (initial {initial_window})"
+    ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca",
+            label=f"window: most drafts the schedule allowed{initial}")
     ax.set_xlabel("target pass")
-    ax.set_ylabel("tokens")
+    ax.set_ylabel("drafts")
     ax.legend(loc="lower right", bbox_to_anchor=(1, 1.0), fontsize=8, ncols=4, frameon=False)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.margins(x=0.01)
@@ -270,7 +273,8 @@ def result_outputs(result: dict) -> dict:
     return {"status": f"**done**: {result['pair']}; baseline ran first, then assisted",
             "baseline_figures": figures_markdown(result["baseline"], False),
             "assisted_figures": figures_markdown(result["assisted"], True),
-            "summary": summary_html(result), "plot": steps_figure(result["assisted"]["steps"]), "raw": result,
+            "summary": summary_html(result),
+            "plot": steps_figure(result["assisted"]["steps"], result["settings"]["num_assistant_tokens"]), "raw": result,
             "unreliable": not (result["stability"] or {}).get("stable", True)}
 
 

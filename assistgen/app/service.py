@@ -132,7 +132,8 @@ class Service:
         unprepared = [m.name for m in (spec.target, spec.assistant)
                       if m is not None and m.source == "pack" and not pack_ready(m, self.catalog, self.device)]
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
-                f"{DRAFT_SOURCES[spec.draft_source]}, window {spec.num_assistant_tokens}, schedule {spec.schedule}"
+                f"{DRAFT_SOURCES[spec.draft_source]}, initial window {spec.num_assistant_tokens}, "
+                f"schedule {spec.schedule}"
                 + (f" · {chosen}" if chosen else "")
                 + ("" if not unprepared else
                    f" · **being prepared here** ({', '.join(unprepared)}): the start-up preload converts the weights "

@@ -14,11 +14,12 @@ def test_each_token_is_coloured_by_its_fate_and_titled_with_its_pass():
     assert "pass 2: verified 0 (+1 withheld), accepted 0" in html
 
 
-def test_the_chart_shows_withheld_drafts_only_when_there_are_some():
-    labels = [t.get_text() for t in steps_figure(STEPS).axes[0].get_legend().get_texts()]
-    assert labels == ["window", "verified", "withheld", "accepted"]
+def test_the_chart_says_what_each_line_is_and_shows_withheld_drafts_only_when_there_are_some():
+    labels = [t.get_text() for t in steps_figure(STEPS, 3).axes[0].get_legend().get_texts()]
+    assert labels == ["window: most drafts the schedule allowed (initial 3)", "drafts verified", "drafted, withheld",
+                      "drafts accepted"]
     plain = [{**s, "withheld": 0} for s in STEPS]
-    assert "withheld" not in [t.get_text() for t in steps_figure(plain).axes[0].get_legend().get_texts()]
+    assert "drafted, withheld" not in [t.get_text() for t in steps_figure(plain).axes[0].get_legend().get_texts()]
 
 
 def test_a_loads_progress_is_in_the_status_line():
