@@ -10,7 +10,8 @@ The assistants are made to agree with their targets where the real ones do, so t
 input (a decoder-only assistant given some other encoder output, say) shows up as rejected drafts:
 - distil-Whisper's stand-in is a full Whisper checkpoint, as the real repository is, whose encoder is the target's
   (the load checks it) and whose decoder is the target's too; loaded as a decoder-only ``WhisperForCausalLM`` it
-  agrees with the target only if it reads the target's encoder output.
+  agrees with the target only if it reads the target's encoder output. Both keep the hub's dtypes: the teacher's
+  file is float32 holding float16 values (OpenAI released Whisper in float16), distil-Whisper's is float16.
 - the small Qwen and OPT stand-ins are their target with noise on every weight; FLAN-T5's small one is a model of
   half its target's width, as flan-t5-small (512) is of flan-t5-large (1024), which runs its own encoder.
 """
@@ -148,7 +149,9 @@ def _save(folder: Path, model, tokenizer, feature_extractor=None) -> Path:
 def whisper_pair(work: Path, num_mel_bins: int, english_only: bool = False) -> tuple[Path, Path]:
     """(target, distil-style assistant): the assistant's checkpoint is a whole Whisper model, as distil-Whisper's
     repositories hold, whose encoder is the target's (distil-Whisper keeps its teacher's) and whose decoder here is
-    the target's too. An English-only target (small.en) has no language or task tokens in its generation config."""
+    the target's too. The target is saved in float32 with values that float16 holds exactly, the assistant in
+    float16, as on the hub; loaded in float32, the assistant's weights are the target's. An English-only target
+    (small.en) has no language or task tokens in its generation config."""
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
     processor = whisper_processor(num_mel_bins)
     tok = processor.tokenizer
@@ -173,7 +176,10 @@ def whisper_pair(work: Path, num_mel_bins: int, english_only: bool = False) -> t
     if english_only:
         target.generation_config.is_multilingual = False
         del target.generation_config.lang_to_id, target.generation_config.task_to_id
-    assistant = copy.deepcopy(target)   # the teacher's encoder, which a decoder-only load checks and drops
+    with torch.no_grad():   # float16 values in a float32 file, as openai/whisper-* hold
+        for tensor in target.state_dict().values():
+            tensor.copy_(tensor.half())
+    assistant = copy.deepcopy(target).half()   # the teacher's encoder, which a decoder-only load checks and drops
     return (_save(work / "target", target, tok, processor.feature_extractor),
             _save(work / "assistant", assistant, tok, processor.feature_extractor))
 
