@@ -2,12 +2,14 @@
 folders), what a loaded model weighs, and how a pair runs."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
@@ -314,25 +316,45 @@ def tokenizer_mode(target_tokenizer, assistant_tokenizer) -> tuple[str, str]:
     return "same-tokenizer", "identical tokenizers: the assistant's drafts are the target's token ids"
 
 
+def _target_encoder(target: LoadedModel, files: ExitStack) -> dict[str, Callable[[], torch.Tensor]]:
+    """The target's encoder tensors by name, each read when called: from the checkpoint it was loaded from, as the
+    file holds them (before any cast or quantization at load), else, where those files cannot be found (a model
+    built in memory), from the loaded model."""
+    paths = checkpoint_files(target.spec, target.folder) if target.folder else None
+    if not paths:
+        return {name: (lambda t=t: t) for name, t in module_tensors(target.model).items()
+                if "encoder" in name.split(".")}
+    tensors = {}
+    for path in paths:
+        f = files.enter_context(safe_open(str(path), framework="pt"))
+        tensors.update({name: functools.partial(f.get_tensor, name) for name in f.keys()
+                        if "encoder" in name.split(".")})
+    return tensors
+
+
 def encoder_mismatch(target: LoadedModel, assistant: LoadedModel) -> str | None:
     """Where a decoder-only assistant's checkpoint holds an encoder (distil-Whisper's repositories hold their
-    teacher's), how it differs from the target's, or None when it is the target's, weight for weight (compared in
-    the target's dtype, one tensor at a time), or the checkpoint holds none."""
+    teacher's), how it differs from the target's, or None when it is the target's, weight for weight, or the
+    checkpoint holds none. The two checkpoints are compared file against file, one tensor at a time, in the
+    target file's dtype (distil-Whisper's float16 values against its teacher's float32 file, which holds float16
+    values), so what the target's load does to its encoder (a bfloat16 cast, int8 layers) does not matter. A target
+    without files (built in memory) is compared as loaded, in its dtype."""
     files = checkpoint_files(assistant.spec, assistant.folder) if assistant.folder else None
     if not files:
         return None
-    ours = {name: t for name, t in module_tensors(target.model).items() if "encoder" in name.split(".")}
-    seen = 0
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if "encoder" not in name.split("."):
-                    continue
-                seen += 1
-                if name not in ours:
-                    return f"the target has no tensor {name}"
-                if not same_tensors({name: ours[name]}, {name: f.get_tensor(name)}):
-                    return f"{name} differs"
+    with ExitStack() as opened:
+        ours = _target_encoder(target, opened)
+        seen = 0
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if "encoder" not in name.split("."):
+                        continue
+                    seen += 1
+                    if name not in ours:
+                        return f"the target has no tensor {name}"
+                    if not same_tensors({name: ours[name]()}, {name: f.get_tensor(name)}):
+                        return f"{name} differs"
     if seen and seen != len(ours):
         return f"{seen} encoder tensors against the target's {len(ours)}"
     return None
