@@ -221,8 +221,7 @@ def _results_section() -> dict:
             assisted_figures = gr.Markdown(elem_id="assisted-figures")
     gr.HTML(LEGEND)
     summary = gr.HTML(elem_id="summary")
-    plot = gr.Plot(label="assisted, per target pass: the window (the most drafts the schedule allowed, from the "
-                         "initial window in Settings), the drafts verified and withheld, and those accepted",
+    plot = gr.Plot(label="assisted run, per target pass",
                    elem_id="steps-plot")
     with gr.Accordion("Raw result (JSON, as the API returns it)", open=False):
         raw = gr.JSON()

@@ -259,7 +259,7 @@ def steps_figure(steps: list[dict], initial_window: int | None = None):
             label=f"window: most drafts the schedule allowed{initial}")
     ax.set_xlabel("target pass")
     ax.set_ylabel("drafts")
-    ax.legend(loc="lower right", bbox_to_anchor=(1, 1.0), fontsize=8, ncols=4, frameon=False)
+    ax.legend(loc="lower right", bbox_to_anchor=(1, 1.0), fontsize=8, ncols=2, frameon=False)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.margins(x=0.01)
     fig.tight_layout()
