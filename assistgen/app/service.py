@@ -20,6 +20,7 @@ from ..models.availability import pair_availability
 from ..models.catalog import Catalog, PairSpec
 from ..models.conversion import pack_ready
 from ..models.devices import default_device, hardware, hardware_key
+from ..models.limits import usable_cpus
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit, parameters
@@ -35,13 +36,13 @@ def update_interval_s() -> float:
     """How often a running comparison's panels are updated (`ASSISTGEN_UPDATE_INTERVAL_S` sets it).
 
     Each update costs CPU time outside the timed runs' own work: Gradio's processing of the update in the server, and,
-    when the page is open on the same machine, the browser's. With a core to spare (more cores than torch's threads,
-    or a GPU doing the work) that work takes nothing from the runs, and the panels update every second. With none,
-    torch's threads wait for the one the update stole and the runs slow down, so the panels update every two
+    when the page is open on the same machine, the browser's. With a core to spare (more usable cores than torch's
+    threads, or a GPU doing the work) that work takes nothing from the runs, and the panels update every second. With
+    none, torch's threads wait for the one the update stole and the runs slow down, so the panels update every two
     seconds."""
     if os.environ.get("ASSISTGEN_UPDATE_INTERVAL_S"):
         return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
-    spare = default_device().type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()
+    spare = default_device().type != "cpu" or usable_cpus() > torch.get_num_threads()
     return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
 
 

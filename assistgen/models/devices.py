@@ -1,9 +1,9 @@
 """Where a model runs and in which dtype, when the catalog says "auto"."""
 from __future__ import annotations
 
-import os
-
 import torch
+
+from .limits import usable_cpus, usable_memory_bytes
 
 
 def default_device() -> torch.device:
@@ -22,10 +22,11 @@ def dtype_name(dtype: torch.dtype | None) -> str | None:
 
 
 def memory_bytes(device: torch.device) -> int:
-    """The memory models are loaded into: the GPU's, or the machine's."""
+    """The memory models are loaded into: the GPU's, or what this process may use of the machine's (its container's
+    limit, where that is less)."""
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return usable_memory_bytes()
 
 
 def hardware(device: torch.device) -> str:
@@ -34,9 +35,9 @@ def hardware(device: torch.device) -> str:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "GPU"
         return f"GPU ({name}), {gigabytes}"
-    return f"CPU, {len(os.sched_getaffinity(0))} cores, {gigabytes}"
+    return f"CPU, {usable_cpus()} cores, {gigabytes}"
 
 
 def hardware_key(device: torch.device) -> str:
     """The catalog's name for this hardware in a pair's click_s: "cpu-2-cores", or "cuda"."""
-    return "cuda" if device.type == "cuda" else f"cpu-{len(os.sched_getaffinity(0))}-cores"
+    return "cuda" if device.type == "cuda" else f"cpu-{usable_cpus()}-cores"

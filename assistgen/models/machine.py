@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import os
 import platform
 
 import torch
 
 from .devices import default_device
+from .limits import usable_cpus
 
 
 @functools.cache
@@ -28,8 +28,7 @@ def machine(probe_s: dict[str, float] | None = None) -> dict:
     """The machine's facts; with the speed probes' seconds, their median plain target pass in milliseconds."""
     device = default_device()
     probes = sorted((probe_s or {}).values())
-    return {"cpu": cpu_model(), "cores_used": torch.get_num_threads(), "cores": len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    return {"cpu": cpu_model(), "cores_used": torch.get_num_threads(), "cores": usable_cpus(),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "probe_ms_per_target_pass": round(probes[len(probes) // 2] * 1000, 1) if probes else None}
 

@@ -15,20 +15,23 @@ from .prepare import load_prepared
 from .sizing import load_bytes
 
 DEFAULT_BUDGET_GB = 14.0
+CPU_HEADROOM_GB = 2.0        # of a CPU's memory, left to the interpreter, the server, activations and KV caches
 
 
 GPU_BUDGET_FRACTION = 0.85   # of a GPU's memory, leaving room for activations and KV caches
 
 
 def budget_from_env() -> int:
-    """$ASSISTGEN_MEMORY_BUDGET_GB; without it, 14 GB on a CPU (the offline chat and speech pairs together, in fp32)
-    and `GPU_BUDGET_FRACTION` of a GPU's memory."""
+    """$ASSISTGEN_MEMORY_BUDGET_GB; without it, on a CPU 14 GB (the offline chat and speech pairs together, in fp32),
+    at most the memory this process may use (its container's limit, where that is less than the machine's) less
+    `CPU_HEADROOM_GB`: a 16 GB Space keeps 14 GB, an 8 GB container gets 6. On a GPU, `GPU_BUDGET_FRACTION` of its
+    memory."""
     if os.environ.get("ASSISTGEN_MEMORY_BUDGET_GB"):
         return int(float(os.environ["ASSISTGEN_MEMORY_BUDGET_GB"]) * 2**30)
     device = default_device()
     if device.type == "cuda":
         return int(memory_bytes(device) * GPU_BUDGET_FRACTION)
-    return int(DEFAULT_BUDGET_GB * 2**30)
+    return max(0, min(int(DEFAULT_BUDGET_GB * 2**30), memory_bytes(device) - int(CPU_HEADROOM_GB * 2**30)))
 
 
 class ModelPool:

@@ -27,6 +27,7 @@ import torch
 from assistgen.engine.kv import CachedDecoder
 from assistgen.models.catalog import load_catalog
 from assistgen.models.cpu import materialize, onednn_enabled
+from assistgen.models.limits import usable_cpus
 
 PROMPT_TOKENS = 40           # a short chat request, or Whisper's forced prefix and a little
 NEW_TOKENS = {"text": 128, "asr": 60}   # the text pairs' default budget; about 20 s of speech
@@ -172,7 +173,7 @@ def main() -> None:
              else [p for p in catalog.pairs if p.target.source == "hub"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu_threads": torch.get_num_threads(), "cores": len(os.sched_getaffinity(0)),
+    meta = {"cpu_threads": torch.get_num_threads(), "cores": usable_cpus(),
             "torch": torch.__version__, "repeats": args.repeats, "prompt_tokens": PROMPT_TOKENS,
             "tokens_per_pass": TOKENS_PER_PASS, "window": WINDOW, "load_average": os.getloadavg()}
     costs, rows = {}, []
