@@ -12,6 +12,7 @@ from gradio_client.utils import is_http_url_like  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
+from assistgen.models.limits import limit_threads_to_usable_cpus  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
                                TEMPERATURE_RANGE, WINDOW_RANGE, limits_from_env)
 from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
@@ -451,6 +452,7 @@ def main() -> None:
     # The timed runs share the interpreter with the server: a thread that holds the GIL gives it back after at
     # most this long (5 ms by default), so a render or a request cannot stall a pass for long.
     sys.setswitchinterval(0.0005)
+    limit_threads_to_usable_cpus()   # a container's CPU quota, not the host's cores
     try:
         catalog = load_catalog()
     except CatalogError as exc:

@@ -15,6 +15,7 @@ from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
 from ..models.catalog import CatalogError, load_catalog
 from ..models.fetch import FetchError, fetch_model
+from ..models.limits import limit_threads_to_usable_cpus
 from ..models.loading import LoadError
 from ..models.machine import machine_text
 from ..models.packs import PackError, cache_dir, disk_bytes
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv   # the command line as given, for the benchmark's record
+    limit_threads_to_usable_cpus()   # a container's CPU quota, not the host's cores
     try:
         return args.run(args)
     except (CatalogError, CliError) as exc:
