@@ -10,7 +10,7 @@ from ..choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMP
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.drafting import PaybackCosts
 from ..engine.schedules import AdaptiveSchedule
-from ..models.loading import LoadedPair
+from ..models.loading import LoadedModel, LoadedPair
 from ..models.devices import dtype_name
 from ..models.machine import machine
 from ..models.precision import encoder_dtype
@@ -140,6 +140,8 @@ class Comparison:
                          "schedule": self.settings.schedule, "seed": self.settings.seed},
             "dtype": dtype_name(self.pair.target.model.dtype),
             "encoder_dtype": dtype_name(encoder_dtype(self.pair.target.model)),
+            "numerics": {"target": model_numerics(self.pair.target),
+                         "assistant": None if self.pair.assistant is None else model_numerics(self.pair.assistant)},
             "machine": machine(self.stability.probe_s if self.stability else None),
             "ran_first": "baseline",
             "baseline": run_figures(self.baseline, self.baseline_text),
@@ -179,13 +181,18 @@ class Comparison:
 
 
 def target_numerics(pair: LoadedPair) -> str:
-    """The target's dtype, its encoder's where that differs (`models.precision`), and its quantization when
+    """The target's numerics (`model_numerics`): what decides every token."""
+    return model_numerics(pair.target)
+
+
+def model_numerics(loaded: LoadedModel) -> str:
+    """A loaded model's dtype, its encoder's where that differs (`models.precision`), and its quantization when
     bitsandbytes or torch's int8 runs it."""
-    dtype = dtype_name(pair.target.model.dtype)
-    encoder = encoder_dtype(pair.target.model)
+    dtype = dtype_name(loaded.model.dtype)
+    encoder = encoder_dtype(loaded.model)
     if encoder is not None:
         dtype += f", encoder {dtype_name(encoder)}"
-    quantization = pair.target.spec.quantization
+    quantization = loaded.spec.quantization
     if quantization == "w8a8":
         return "w8a8: int8 weights, int8 inputs per token"
     if quantization == "dynamic_int8":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ TORCH_INT8 = ("dynamic_int8", "w8a8")   # torch's int8 kinds (CPU, `models.quant
 ENCODER_DTYPES = ("bfloat16",)   # models.precision: where the CPU multiplies it in hardware, else the model's dtype
 PACK_FORMATS = ("gguf", "ct2_whisper")
 DEVICE_TYPES = ("cpu", "cuda")
+BY_HARDWARE = ("dtype", "quantization", "encoder_dtype")   # what a model's `cpu:` mapping may set for a CPU
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "models.yaml"
 
 
@@ -51,6 +52,12 @@ class ModelSpec:
                                     # estimates before its weights are downloaded
     languages: tuple[str, ...] = ()   # the only languages it was trained on (distil-Whisper: English), whatever its
                                       # tokenizer knows; empty: what its tokenizer says
+    on_cpu: ModelSpec | None = None   # the same model as it runs on a CPU (the entry's `cpu:` keys applied), if other
+
+    def on(self, device) -> ModelSpec:
+        """The model as it runs on `device` (a torch.device or its type): its CPU recipe on a CPU, else as written."""
+        kind = device if isinstance(device, str) else device.type
+        return self.on_cpu if kind == "cpu" and self.on_cpu is not None else self
 
 
 @dataclass(frozen=True)
@@ -160,8 +167,22 @@ def _pack(path: Path, name: str, raw: Any) -> Pack:
 
 
 def _model(path: Path, name: str, raw: Any, packs: dict[str, Pack]) -> ModelSpec:
+    """A model entry; its `cpu:` mapping (the numerics it runs in on a CPU: `BY_HARDWARE`) is validated as the whole
+    entry with those keys replaced, and kept as the spec's `on_cpu`."""
     where = _Where(path, f"model {name!r}")
     raw = where.mapping(raw)
+    if "cpu" not in raw:
+        return _model_entry(path, name, raw, packs)
+    on_cpu = where.mapping(raw["cpu"], "cpu")
+    where.unknown_keys(on_cpu, set(BY_HARDWARE))
+    base = {key: value for key, value in raw.items() if key != "cpu"}
+    cpu = _model_entry(path, name, {**base, **on_cpu}, packs, f"model {name!r} on a CPU (its 'cpu' keys applied)")
+    spec = _model_entry(path, name, base, packs)
+    return spec if cpu == spec else replace(spec, on_cpu=cpu)
+
+
+def _model_entry(path: Path, name: str, raw: dict, packs: dict[str, Pack], entry: str | None = None) -> ModelSpec:
+    where = _Where(path, entry or f"model {name!r}")
     where.unknown_keys(raw, set(SOURCES) | {"dtype", "quantization", "device_map", "max_memory", "offload_folder",
                                            "eos_token_ids", "decoder_only", "encoder_dtype", "parameters",
                                            "languages"})

@@ -4,6 +4,7 @@ oneDNN-packed linear layers), each stamped with the conversion it was made from.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,7 @@ from .ct2 import ct2_to_hf
 from .devices import torch_dtype
 from .gguf import MARKER, gguf_to_hf, is_converted
 from .packs import _stamped_sha256, assemble, cache_dir, file_lock
+from .sizing import hub_snapshot
 
 Progress = Callable[[float, str], None]
 CONVERSION_MARKER = MARKER   # in a converted pack's folder (GGUF or CTranslate2): what it was converted from
@@ -181,16 +183,51 @@ def int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress
     were made from this very float conversion; else quantized now and stored (a pack's conversion only: other sources
     quantize at each load)."""
     layer = quantized.LAYERS[spec.quantization]
-    marker = folder / CONVERSION_MARKER
-    if spec.source != "pack" or not marker.is_file():
+    stored = int8_copy(spec, folder)
+    if stored is None:
         return quantized.quantize(float_model(), layer)
-    if int8_stored(folder, spec):
+    out_dir, source = stored
+    if quantized.is_stored(out_dir, source):
         progress(0.85, f"{spec.name}: loading the stored int8 weights")
-        return quantized.load(int8_folder(folder, spec), model_class, layer)
+        return quantized.load(out_dir, model_class, layer)
     progress(0.85, f"{spec.name}: quantizing to int8 (once; stored in the cache)")
     model = quantized.quantize(float_model(), layer)
-    quantized.store(model, int8_folder(folder, spec), json.loads(marker.read_text()))
+    quantized.store(model, out_dir, source)
     return model
+
+
+def int8_copy(spec: ModelSpec, folder: Path | str) -> tuple[Path, dict] | None:
+    """(where `spec`'s int8 copy is stored, what it is stamped with) for a model whose float weights are a pack's
+    conversion in `folder` or a hub snapshot in the Hugging Face cache (a snapshot's commit names its files for good);
+    None for other sources, which quantize at each load."""
+    if spec.source == "pack":
+        marker = Path(folder) / CONVERSION_MARKER
+        return (int8_folder(Path(folder), spec), json.loads(marker.read_text())) if marker.is_file() else None
+    if spec.source == "hub":
+        snapshot = hub_snapshot(spec.location)
+        if snapshot is None:
+            return None
+        name = f"hub--{spec.location.replace('/', '--')}-{'decoder-' if spec.decoder_only else ''}{spec.quantization}"
+        return cache_dir() / "models" / name, {"hub": spec.location, "commit": snapshot.name,
+                                               "weights": _content_names(snapshot)}
+    return None
+
+
+def _content_names(snapshot: Path) -> list[str]:
+    """What names a snapshot's weights by their content: the hub cache's blob of each safetensors file (its sha256),
+    or, for a file that is no link into the blobs, its size and modification time."""
+    names = []
+    for path in sorted(snapshot.glob("*.safetensors")):
+        blob = Path(os.path.realpath(path))
+        names.append(blob.name if blob != path.absolute() else f"{path.name}:{path.stat().st_size}:"
+                     f"{path.stat().st_mtime_ns}")
+    return names
+
+
+def int8_copy_stored(spec: ModelSpec) -> bool:
+    """Whether a hub model that runs in int8 here has its int8 copy in the cache (a pack's: `pack_ready`)."""
+    stored = int8_copy(spec, spec.location)
+    return stored is not None and quantized.is_stored(*stored)
 
 
 def weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtype: torch.dtype,

@@ -248,7 +248,8 @@ def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
 
 def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None = None,
                progress: Progress | None = None) -> LoadedModel:
-    """Load one model on `device` (default: CUDA if present, else CPU). Raises LoadError with a clear reason.
+    """Load one model on `device` (default: CUDA if present, else CPU), in the numerics its catalog entry gives for
+    that hardware (`ModelSpec.on`); the returned model's `spec` is that one. Raises LoadError with a clear reason.
 
     A pack not yet in the cache is converted here, in this process. The app and the CLI load through
     `prepare.load_prepared` instead, which converts in a child process first: a conversion churns through
@@ -258,6 +259,7 @@ def load_model(spec: ModelSpec, catalog: Catalog, *, device: torch.device | None
     hf_logging.disable_progress_bar()  # progress goes through `progress`, for gr.Progress and the CLI bar alike
     progress = progress or (lambda fraction, message: None)
     device = device or default_device()
+    spec = spec.on(device)   # the numerics it runs in on this hardware (its `cpu:` recipe on a CPU)
     dtype = torch_dtype(spec.dtype, device)
     if device.type == "cpu":
         keep_freed_memory()   # a long prompt's pass reuses its freed blocks instead of page-faulting new ones

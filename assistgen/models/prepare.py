@@ -21,8 +21,8 @@ from ..choices import TASKS
 from .catalog import Catalog, ModelSpec, PairSpec
 from .availability import availability, note_failure
 from .conversion import (WEIGHTS, conversion_folder, convert_pack, drop_float_weights, float_weights_kept,
-                         float_weights_needed, int8_folder, int8_stored, loads_int8_copy, pack_dtype, pack_ready,
-                         packed_stored, packs_onednn, store_packed)
+                         float_weights_needed, int8_copy_stored, int8_folder, int8_stored, loads_int8_copy, pack_dtype,
+                         pack_ready, packed_stored, packs_onednn, store_packed)
 from .devices import default_device
 from .loading import LoadedModel, LoadError, load_model
 from .packed import can_store, packed_folder
@@ -190,7 +190,12 @@ def prune(catalog: Catalog, kept: list[ModelSpec]) -> list[Prunable]:
 
 def _child(catalog: Catalog, name: str, events) -> None:
     try:
-        prepare_models(catalog, [catalog.models[name]], lambda f, m: events.put(("progress", f, m)))
+        spec = catalog.models[name]
+        report = lambda f, m: events.put(("progress", f, m))   # noqa: E731
+        if spec.source == "pack":
+            prepare_models(catalog, [spec], report)
+        else:   # a hub model that runs in int8 here: loading it quantizes it and stores the int8 copy
+            load_model(spec, catalog, progress=report)
         events.put(("done", None, None))
     except PackError as exc:
         events.put(("pack", str(exc), None))
@@ -235,9 +240,13 @@ def prepare_in_child(spec: ModelSpec, catalog: Catalog, progress: Callable[[floa
 
 def load_prepared(spec: ModelSpec, catalog: Catalog, *, device=None, progress: Callable[[float, str], None] | None = None
                   ) -> LoadedModel:
-    """`load_model`, after preparing a pack that is not yet in the cache in a child process (`prepare_in_child`),
-    so that this process never converts: the loader of the app's and the CLI's model pool."""
-    if spec.source == "pack" and not pack_ready(spec, catalog, device or default_device()):
+    """`load_model`, after preparing a pack that is not yet in the cache, or a hub model's int8 copy, in a child
+    process (`prepare_in_child`), so that this process never converts: the loader of the app's and the CLI's model
+    pool."""
+    device = device or default_device()
+    here = spec.on(device)
+    if ((spec.source == "pack" and not pack_ready(here, catalog, device))
+            or (spec.source == "hub" and loads_int8_copy(here, device) and not int8_copy_stored(here))):
         try:
             prepare_in_child(spec, catalog, progress)
         except (LoadError, PackError) as exc:

@@ -50,7 +50,8 @@ def _local_files(folder: Path) -> list[Path] | None:
     return [single] if single.is_file() else None
 
 
-def _hub_snapshot(repo_id: str) -> Path | None:
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The folder of `repo_id`'s weights in the Hugging Face cache (its snapshot, named by commit), or None."""
     for name in ("model.safetensors.index.json", "model.safetensors"):
         found = huggingface_hub.try_to_load_from_cache(repo_id, name)
         if isinstance(found, str):
@@ -73,7 +74,7 @@ def _hub_parameters(repo_id: str, decoder_only: bool) -> int | None:
 
 def checkpoint_files(spec: ModelSpec, folder: str) -> list[Path] | None:
     """The safetensors files a model was loaded from (`folder`: what transformers loaded, a hub id for the hub)."""
-    root = _hub_snapshot(spec.location) if spec.source == "hub" else Path(folder)
+    root = hub_snapshot(spec.location) if spec.source == "hub" else Path(folder)
     return None if root is None else _local_files(root)
 
 
@@ -82,7 +83,7 @@ def parameters(spec: ModelSpec) -> int | None:
     counted from its weights' headers, else from the hub's metadata or the catalog's published count, else None."""
     folder: Path | None
     if spec.source == "hub":
-        folder = _hub_snapshot(spec.location)
+        folder = hub_snapshot(spec.location)
         if folder is None:
             return _hub_parameters(spec.location, spec.decoder_only) or spec.parameters
     elif spec.source == "local":
@@ -94,7 +95,9 @@ def parameters(spec: ModelSpec) -> int | None:
 
 
 def load_bytes(spec: ModelSpec, device: torch.device) -> int | None:
-    """Bytes the model's weights take once loaded on `device`, at its dtype or quantization; None when unknown."""
+    """Bytes the model's weights take once loaded on `device`, at its dtype or quantization there; None when
+    unknown."""
+    spec = spec.on(device)
     count = parameters(spec)
     if count is None:
         return None
