@@ -24,6 +24,7 @@ from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E4
 from assistgen.app.service import Service  # noqa: E402
 from assistgen.app.streaming import IDLE_S, keep_closable  # noqa: E402
 from assistgen.app.validation import USER_ERRORS  # noqa: E402
+from assistgen.app import zerogpu  # noqa: E402
 from assistgen.comparison.audio import duration_text  # noqa: E402
 from assistgen.comparison.speech import spoken_language_choices  # noqa: E402
 from assistgen.comparison.sweep import OVER  # noqa: E402
@@ -78,7 +79,10 @@ EXAMPLES = {
 
 def _as_gradio_error(exc: Exception) -> gr.Error:
     """What the user reads when a request fails: a user error (`USER_ERRORS`) says what to do; anything else says
-    what happened. Either way the server keeps serving and the page keeps the input."""
+    what happened. Either way the server keeps serving and the page keeps the input. A gr.Error is shown as it is:
+    ZeroGPU's own (a visitor's quota used up, no GPU free) say what to do."""
+    if isinstance(exc, gr.Error):
+        return exc
     if isinstance(exc, USER_ERRORS):
         return gr.Error(str(exc))
     return gr.Error(f"generation failed ({type(exc).__name__}: {exc}); your input is kept, try again")
@@ -469,10 +473,14 @@ def main() -> None:
             started = time.perf_counter()
             failed = service.preload(names)
             ready = [n for n in names if n not in failed]
-            print(f"assistgen: {', '.join(ready) or 'no pair'} loaded and warmed up in "
+            done = "loaded" if zerogpu.active() else "loaded and warmed up"
+            print(f"assistgen: {', '.join(ready) or 'no pair'} {done} in "
                   f"{time.perf_counter() - started:.1f} s" + (f"; could not preload {', '.join(failed)}" if failed
                                                                else ""), file=sys.stderr, flush=True)
-        threading.Thread(target=preload, daemon=True, name="assistgen-preload").start()
+        if zerogpu.active():   # ZeroGPU packs what is on "cuda" at launch, once, for its GPU workers: load it first
+            preload()
+        else:
+            threading.Thread(target=preload, daemon=True, name="assistgen-preload").start()
     queue_and_launch(demo)
 
 

@@ -5,7 +5,10 @@ Gradio-free, so tests drive it directly; app.py only lays out components and tur
 """
 from __future__ import annotations
 
+import contextvars
+import math
 import os
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -13,8 +16,8 @@ import torch
 
 from ..choices import DRAFT_SOURCES, TASKS, Limits, limits_from_env
 from ..comparison.compare import Comparison, Settings, compare, warm_up
-from ..comparison.request import build_request, pair_for_task, request_inputs, request_settings
-from ..comparison.speech import asr_inputs
+from ..comparison.request import Request, build_request, pair_for_task, request_inputs, request_settings
+from ..comparison.speech import WINDOW_S, asr_inputs
 from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
 from ..models.catalog import Catalog, PairSpec
@@ -24,6 +27,7 @@ from ..models.limits import usable_cpus
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
 from ..models.sizing import pair_fit, parameters
+from . import zerogpu
 from .streaming import ModelThread, Snapshot, stream
 from .validation import UserError
 
@@ -59,7 +63,10 @@ class Service:
         # all model work runs on one thread: one request at a time, so timings never mix, on the thread the warm-up
         # warmed for every request
         self.model_thread = ModelThread()
+        self.model_thread.call(zerogpu.emulate_cuda)   # on ZeroGPU the models are placed on "cuda" on this thread
         self.update_interval_s = update_interval_s()
+        # a comparison's GPU part, one call each: on ZeroGPU the only time the process has a GPU
+        self._compare_on_gpu = zerogpu.on_gpu(self._compare, self.gpu_duration_s)
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
@@ -93,8 +100,26 @@ class Service:
         counts = [parameters(spec) for spec in (pair.target, pair.assistant) if spec is not None]
         size = "size unknown" if None in counts else f"{sum(counts) / 1e9:.2f}B parameters"
         where = "a GPU" if self.device.type == "cpu" else "a CPU"
-        seconds = dict(pair.click_s).get(hardware_key(self.device))
+        seconds = self.click_s(pair)
         return f"meant for {where}: {size}" + (f", about {seconds:.0f} s a click here" if seconds else "")
+
+    def click_s(self, pair: PairSpec) -> float | None:
+        """A click's estimated seconds on this hardware (the catalog's `click_s`, at the pair's own max new tokens),
+        or None where the catalog has none."""
+        return dict(pair.click_s).get(hardware_key(self.device))
+
+    def estimate_s(self, request: Request) -> float | None:
+        """A request's estimated seconds here: the pair's click estimate scaled by the request's max new tokens and,
+        for speech, its 30 s windows (each answers up to max new tokens); None without an estimate."""
+        click = self.click_s(request.pair)
+        if click is None:
+            return None
+        windows = 1 if request.samples is None else max(1, math.ceil(len(request.samples) / SAMPLE_RATE / WINDOW_S))
+        return click * request.settings.max_new_tokens / request.pair.max_new_tokens * windows
+
+    def gpu_duration_s(self, request: Request) -> int:
+        """The seconds a comparison asks ZeroGPU for (`zerogpu.duration_s`, from `estimate_s`)."""
+        return zerogpu.duration_s(self.estimate_s(request))
 
     def default_pair(self, choices: list[tuple[str, str]]) -> str | None:
         """The first pair among a dropdown's choices that is available, fits the memory budget and is meant for this
@@ -157,33 +182,47 @@ class Service:
 
         Speech: `language` is a code the target knows, or None / "auto" to let the target detect it; a recording
         longer than 30 s runs window by window. `on_step(step)` is called on the model thread after each decoding
-        step of either run; what it raises ends the comparison and is raised here (a sweep's stop)."""
+        step of either run; what it raises ends the comparison and is raised here (a sweep's stop).
+
+        The page and the API both come here: the pair is loaded (on ZeroGPU, placed on its emulated CUDA), then the
+        rest runs as one `zerogpu.on_gpu` call (`_compare`)."""
         request = build_request(pair_for_task(self.catalog, pair_name, task), task, settings, text=text, audio=audio,
                                 target_language=target_language, language=language, limits=self.limits, served=True)
 
         def work(emit) -> Comparison:
             try:
                 pair = self.pool.pair(pair_name, lambda fraction, message: emit("loading", (fraction, message)))
-                prepared = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
-                emit("pair", pair)
 
-                def step_of(run: str) -> Callable[[object], None]:
-                    def on_run_step(step) -> None:
-                        if on_step is not None:
-                            on_step(step)
-                        emit(run, step)
-                    return on_run_step
-                return compare(pair, task, prepared.inputs, settings,
-                               on_baseline_step=step_of("baseline"), on_assisted_step=step_of("assisted"),
-                               on_phase=lambda name: emit("phase", name),
-                               on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
-                               language=prepared.language, prep=prepared.prep)
+                def forward(kind: str, payload) -> None:   # the GPU part's events, with this process's pair
+                    if kind in ("baseline", "assisted") and on_step is not None:
+                        on_step(payload)
+                    emit(kind, pair if kind == "pair" else payload)
+                return replace(self._compare_on_gpu(request, forward), pair=pair)
             except LoadError as exc:
                 raise UserError(f"could not load pair {pair_name!r}: {exc}") from None
             except MemoryError:
                 raise UserError("the server ran out of memory; try a shorter input or fewer max_new_tokens") from None
 
-        yield from stream(work, self.update_interval_s, self.model_thread)
+        # the model thread runs the work in this request's context: ZeroGPU reads the visitor from it, whose quota
+        # the GPU time is counted against
+        context = contextvars.copy_context()
+        yield from stream(lambda emit: context.run(work, emit), self.update_interval_s, self.model_thread)
+
+    def _compare(self, request: Request, emit: Callable[[str, object], None]) -> Comparison:
+        """A comparison's GPU part (`stream` calls it through `zerogpu.on_gpu`): the inputs (a recording's language
+        detected), then baseline and assisted. On ZeroGPU it runs in another process and what it emits and returns
+        is pickled back, so neither carries the models: "pair" is emitted with None and the comparison returned
+        without its pair, and `stream` puts its own in."""
+        pair = self.pool.pair(request.pair.name)   # loaded by `stream`; a ZeroGPU worker forked before that loads it
+        prepared = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
+        emit("pair", None)
+        comparison = compare(pair, request.task, prepared.inputs, request.settings,
+                             on_baseline_step=lambda step: emit("baseline", step),
+                             on_assisted_step=lambda step: emit("assisted", step),
+                             on_phase=lambda name: emit("phase", name),
+                             on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
+                             language=prepared.language, prep=prepared.prep)
+        return replace(comparison, pair=None)
 
     def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
         """The whole comparison, without streaming (CLI-like API use)."""
@@ -195,8 +234,8 @@ class Service:
     # --- start-up ---------------------------------------------------------------------------------------------------
     def preload(self, pair_names: list[str]) -> list[str]:
         """Load and warm up these pairs now, one at a time on the model thread, so no click pays for it (the app
-        does this in the background at start-up). Returns the pairs that failed; a failure here is reported again,
-        with its reason, to whoever picks that pair."""
+        does this in the background at start-up; on ZeroGPU it loads only, before the app launches). Returns the
+        pairs that failed; a failure here is reported again, with its reason, to whoever picks that pair."""
         failed = []
         self._preloading.update(pair_names)
         for name in pair_names:
@@ -210,7 +249,8 @@ class Service:
 
     def _load_and_warm_up(self, name: str) -> None:
         pair = self.pool.pair(name)
-        warm_up(pair, self._warm_up_inputs(pair))
+        if not zerogpu.active():   # on ZeroGPU each GPU worker is a new process, warmed up by its first comparison
+            warm_up(pair, self._warm_up_inputs(pair))
 
     def _warm_up_inputs(self, pair: LoadedPair) -> dict:
         if "asr" in pair.spec.tasks:
