@@ -214,14 +214,14 @@ class Service:
         is pickled back, so neither carries the models: "pair" is emitted with None and the comparison returned
         without its pair, and `stream` puts its own in."""
         pair = self.pool.pair(request.pair.name)   # loaded by `stream`; a ZeroGPU worker forked before that loads it
-        prepared = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
+        model_inputs = request_inputs(request, pair, on_language=lambda spoken: emit("language", spoken))
         emit("pair", None)
-        comparison = compare(pair, request.task, prepared.inputs, request.settings,
+        comparison = compare(pair, request.task, model_inputs.inputs, request.settings,
                              on_baseline_step=lambda step: emit("baseline", step),
                              on_assisted_step=lambda step: emit("assisted", step),
                              on_phase=lambda name: emit("phase", name),
                              on_window=lambda run, i, n, w: emit("window", (run, i, n, w.start_s, w.end_s)),
-                             language=prepared.language, prep=prepared.prep)
+                             language=model_inputs.language, prep=model_inputs.prep)
         return replace(comparison, pair=None)
 
     def run(self, task: str, pair_name: str, **kwargs) -> Comparison:
