@@ -20,9 +20,10 @@ from ..comparison.request import Request, build_request, pair_for_task, request_
 from ..comparison.speech import WINDOW_S, asr_inputs
 from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
-from ..models.catalog import Catalog, PairSpec
-from ..models.conversion import pack_ready
-from ..models.devices import default_device, hardware, hardware_key
+from ..models.catalog import Catalog, ModelSpec, PairSpec
+from ..models.conversion import int8_copy_stored, loads_int8_copy, pack_ready
+from ..models.cpu import native_bfloat16
+from ..models.devices import default_device, dtype_name, hardware, hardware_key, torch_dtype
 from ..models.limits import usable_cpus
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
@@ -48,6 +49,30 @@ def update_interval_s() -> float:
         return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
     spare = default_device().type != "cpu" or usable_cpus() > torch.get_num_threads()
     return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
+
+
+def prepared(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
+    """Whether a model loads here without converting or quantizing first: a pack in the cache as it loads, a hub
+    model's int8 copy stored (its download is not counted: `fetch` and the Space's build do it)."""
+    here = spec.on(device)
+    if spec.source == "pack":
+        return pack_ready(here, catalog, device)
+    return spec.source != "hub" or not loads_int8_copy(here, device) or int8_copy_stored(here)
+
+
+def numerics_here(spec: ModelSpec, device: torch.device) -> str:
+    """How a model computes on `device`, in a few words, before it is loaded: its CPU recipe on a CPU."""
+    here = spec.on(device)
+    if here.quantization == "w8a8":
+        return "exact int8 (w8a8)"
+    if here.quantization == "dynamic_int8":
+        return "int8"
+    if here.quantization in ("int8", "4bit"):
+        return f"bitsandbytes {here.quantization}"
+    words = dtype_name(torch_dtype(here.dtype, device))
+    if here.encoder_dtype and device.type == "cpu" and native_bfloat16():
+        words += f", encoder {here.encoder_dtype}"
+    return words
 
 
 class Service:
@@ -156,15 +181,19 @@ class Service:
         spec = self._spec(pair_name)
         chosen = self.chosen_for(pair_name)
         unprepared = [m.name for m in (spec.target, spec.assistant)
-                      if m is not None and m.source == "pack" and not pack_ready(m, self.catalog, self.device)]
+                      if m is not None and not prepared(m, self.catalog, self.device)]
+        numerics = ", ".join(f"{role} {numerics_here(m, self.device)}"
+                             for role, m in (("target", spec.target), ("assistant", spec.assistant)) if m is not None)
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "
                 f"{DRAFT_SOURCES[spec.draft_source]}, initial window {spec.num_assistant_tokens}, "
                 f"schedule {spec.schedule}"
+                + f" · here: {numerics}"
                 + (f" · {chosen}" if chosen else "")
                 + ("" if not unprepared else
                    f" · **being prepared here** ({', '.join(unprepared)}): the start-up preload converts the weights "
                    "once, in a separate process; a run waits for it" if pair_name in self._preloading else
-                   f" · **not prepared here yet** ({', '.join(unprepared)}): its first run converts the weights once, "
+                   f" · **not prepared here yet** ({', '.join(unprepared)}): its first run converts or quantizes the "
+                   "weights once, "
                    f"in a separate process, before timing anything (ahead of time: `python -m assistgen prepare "
                    f"--pair {pair_name}`)"))
 

@@ -73,9 +73,27 @@ def pack_models(catalog: Catalog, pair: str | None = None, every: bool = False) 
 def prepare(catalog: Catalog, pair: str | None = None,
             progress: Callable[[float, str], None] | None = None, every: bool = False) -> list[Prepared]:
     """Assemble, verify and convert the packs of the default pairs (or of `pair`, or of every pair); an int8 model is
-    also quantized once and stored. Raises PackError (saying what to install) for a missing or damaged pack, before
-    any conversion."""
-    return prepare_models(catalog, pack_models(catalog, pair, every), progress)
+    also quantized once and stored, a hub model's too (from the Hugging Face cache) where `pair` is named. Raises
+    PackError (saying what to install) for a missing or damaged pack, before any conversion."""
+    done = prepare_models(catalog, pack_models(catalog, pair, every), progress)
+    return done + [_prepare_hub_int8(catalog, spec, progress) for spec in _hub_int8_models(_asked(catalog, pair, every))]
+
+
+def _hub_int8_models(pairs: list[PairSpec]) -> list[ModelSpec]:
+    """The hub models of `pairs` that run in int8 on this machine, each once."""
+    device = default_device()
+    models = {m.name: m for pair in pairs for m in (pair.target, pair.assistant)
+              if m is not None and m.source == "hub" and loads_int8_copy(m.on(device), device)}
+    return list(models.values())
+
+
+def _prepare_hub_int8(catalog: Catalog, spec: ModelSpec, progress) -> Prepared:
+    """A hub model's int8 copy quantized from its snapshot in the Hugging Face cache and stored (once)."""
+    started = time.perf_counter()
+    if int8_copy_stored(spec.on(default_device())):
+        return Prepared(spec.name, 0.0, "already prepared")
+    load_model(spec, catalog, progress=progress)   # quantizes once, stores
+    return Prepared(spec.name, time.perf_counter() - started, "quantized")
 
 
 def prepare_models(catalog: Catalog, models: list[ModelSpec],

@@ -104,3 +104,27 @@ def test_speech_pairs_must_be_speech_only(tmp_path):
     data = mutate(["pairs", 0, "tasks"], ["asr", "chat"])
     with pytest.raises(CatalogError, match="speech pair"):
         load_catalog(write(tmp_path, data))
+
+
+def test_a_models_cpu_keys_give_its_numerics_on_a_cpu_and_the_entry_as_written_elsewhere(tmp_path):
+    data = copy.deepcopy(GOOD)
+    data["models"]["small"]["cpu"] = {"quantization": "dynamic_int8"}
+    catalog = load_catalog(write(tmp_path, data))
+    small = catalog.models["small"]
+    assert small.quantization == "none" and small.on("cuda") is small
+    assert small.on("cpu").quantization == "dynamic_int8" and small.on("cpu").name == "small"
+    assert catalog.models["big"].on("cpu") is catalog.models["big"]   # no cpu keys: the entry as written
+
+
+@pytest.mark.parametrize("cpu, needle", [
+    ({"device_map": "auto"}, "model 'small', key 'device_map': unknown key"),
+    ({"quantization": "int3"}, "model 'small' on a CPU (its 'cpu' keys applied), key 'quantization'"),
+    ({"quantization": "w8a8", "encoder_dtype": "bfloat16"}, "not with quantization"),
+    ("int8", "model 'small', key 'cpu': expected a mapping"),
+])
+def test_bad_cpu_keys_get_a_clear_error(tmp_path, cpu, needle):
+    data = copy.deepcopy(GOOD)
+    data["models"]["small"]["cpu"] = cpu
+    with pytest.raises(CatalogError) as err:
+        load_catalog(write(tmp_path, data))
+    assert needle in str(err.value), str(err.value)
