@@ -231,6 +231,9 @@ def opt_pair(work: Path) -> tuple[Path, Path]:
 HUB_PAIRS = {("openai/whisper-large-v3", "distil-whisper/distil-large-v3"): lambda w: whisper_pair(w, 128),
              ("openai/whisper-large-v2", "distil-whisper/distil-large-v2"): lambda w: whisper_pair(w, 80),
              ("openai/whisper-small.en", "distil-whisper/distil-small.en"): lambda w: whisper_pair(w, 80, True),
+             # a Whisper model drafting with its own decoder: the one repository, loaded twice
+             ("openai/whisper-small.en", "openai/whisper-small.en"): lambda w: whisper_pair(w, 80, True),
+             ("openai/whisper-base", "openai/whisper-base"): lambda w: whisper_pair(w, 80),
              ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"): qwen_pair,
              ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"): lambda w: qwen_pair(w, hidden=64),
              ("google/flan-t5-large", "google/flan-t5-small"): t5_pair,

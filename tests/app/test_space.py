@@ -109,8 +109,10 @@ def test_without_the_weight_packages_the_page_defaults_to_hub_pairs(page):
         page.get_by_role("tab", name=tab).click()
         defaults[task] = page.locator(f"#pair-{task} input").input_value()
     assert defaults == {"chat": "qwen2.5-1.5b+0.5b", "translation": "qwen2.5-1.5b+0.5b",
-                        "asr": "whisper-small.en+distil-small.en"}   # the pairs sized for a CPU
+                        "asr": "whisper-base-hub+decoder-int8"}   # the pairs sized for a CPU
     assert "chosen for: CPU" in page.locator("#pair-info-asr").inner_text()
+    page.get_by_role("tab", name="Chat").click()   # in the offline default's recipe, and the page says so
+    assert "here: target exact int8 (w8a8), assistant int8" in page.locator("#pair-info-chat").inner_text()
     page.get_by_role("tab", name="Chat").click()
     page.locator("#pair-chat input").click()
     offline = page.get_by_role("option", name=re.compile(r"^qwen2\.5-coder-1\.5b\+0\.5b-int8 \(unavailable"))
