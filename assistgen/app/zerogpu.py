@@ -27,7 +27,8 @@ T = TypeVar("T")
 Emit = Callable[[str, object], None]
 
 DEFAULT_DURATION_S = 60   # ZeroGPU's own default, asked for where the pair has no estimate for this hardware
-MAX_DURATION_S = 120      # the most a call asks for: an unauthenticated visitor's whole daily quota (2 minutes)
+MAX_DURATION_S = 80       # the most a call asks for: with `spaces`' duration factor of 1.5 on ZeroGPU's current GPU,
+                          # an unauthenticated visitor's whole daily quota (2 minutes), so one comparison can start
 HEADROOM = 1.5            # the estimates time the two runs alone (the least of three repeats), not the warm-up, the
                           # speed probes or a fresh worker's copy of the weights to the GPU
 

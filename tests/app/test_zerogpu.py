@@ -132,8 +132,8 @@ def test_the_pages_comparison_is_one_gpu_call(recorded):
 def test_the_duration_asked_for_is_the_pairs_estimate_with_headroom_capped(tiny_catalog_path, recorded, tmp_path):
     assert zerogpu.duration_s(None) == zerogpu.DEFAULT_DURATION_S == 60   # no estimate: ZeroGPU's own default
     assert zerogpu.duration_s(10) == 15 and zerogpu.duration_s(0.1) == 1
-    assert zerogpu.duration_s(79.9) == zerogpu.MAX_DURATION_S == 120
-    assert zerogpu.duration_s(1000) == 120
+    assert zerogpu.duration_s(53.3) == 80 and zerogpu.duration_s(79.9) == zerogpu.MAX_DURATION_S == 80
+    assert zerogpu.duration_s(1000) == 80
     # the tiny pairs have no estimate: the calls above asked for the default
     _, _, spaces = recorded
     assert spaces.calls and {call.duration for call in spaces.calls} == {60}
@@ -149,7 +149,7 @@ def test_the_duration_asked_for_is_the_pairs_estimate_with_headroom_capped(tiny_
     assert duration(text, text.max_new_tokens, text="hi") == 60
     assert duration(timed, text.max_new_tokens, text="hi") == 30            # 20 s, and half again
     assert duration(timed, text.max_new_tokens // 2, text="hi") == math.ceil(10 * 1.5)
-    assert duration(replace(timed, click_s=((here, 200.0),)), text.max_new_tokens, text="hi") == 120   # capped
+    assert duration(replace(timed, click_s=((here, 200.0),)), text.max_new_tokens, text="hi") == 80   # capped
     speech = service.catalog.pair("tiny-speech")
     wav = tmp_path / "65s.wav"
     sf.write(wav, np.random.default_rng(0).normal(0, 0.1, 65 * SAMPLE_RATE).astype(np.float32), SAMPLE_RATE)
