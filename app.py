@@ -11,6 +11,7 @@ import gradio as gr  # noqa: E402
 from gradio_client.utils import is_http_url_like  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
+from assistgen.config import from_env  # noqa: E402
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.models.limits import limit_threads_to_usable_cpus  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
@@ -433,7 +434,7 @@ def configure_queue(demo: gr.Blocks) -> gr.Blocks:
     a thousand wake-ups a second, each taking the GIL, about a tenth of a core on this machine, all of it during
     the timed runs, which the CLI does not pay. Polling every 50 ms (Gradio's own choice on Windows) costs a
     request at most 50 ms before it starts, outside the timed runs."""
-    demo.queue(max_size=int(os.environ.get("ASSISTGEN_QUEUE_SIZE", 16)), default_concurrency_limit=1)
+    demo.queue(max_size=from_env().queue_size, default_concurrency_limit=1)
     queue = demo._queue   # no public setting for these (Gradio 6.31)
     queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
     queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
@@ -464,7 +465,7 @@ def main() -> None:
         raise SystemExit(2)
     service = Service(catalog)
     demo = build_demo(service)
-    if os.environ.get("ASSISTGEN_PRELOAD", "1") != "0":
+    if from_env().preload:
         # the default pairs load and warm up while the page is already served: the first click finds them ready
         import threading
         import time

