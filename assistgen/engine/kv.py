@@ -5,7 +5,7 @@ import inspect
 
 import torch
 
-from . import attention, llama_decoder, whisper_decoder
+from . import attention, llama_decoder, static_steps, whisper_decoder
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -45,7 +45,9 @@ class CachedDecoder:
     third of a tiny.en draft pass). A target runs through transformers' own modules, except a row-invariant Llama or
     Qwen2 one (w8a8), which runs through `LlamaDecoderStep` with each continuing row attended as a one-token step. A model with
     row-invariant attention reads its prompt in a pass of its own, before the first drafts
-    (`attention.separate_prompt_pass`).
+    (`attention.separate_prompt_pass`). On a CUDA device a Llama or Qwen2 model, target or assistant, runs through
+    `static_steps.StaticCacheStep` instead: a static cache, each pass replayed as a CUDA graph
+    (`static_steps.use_static_steps`).
     """
 
     @torch.inference_mode()   # the encoder runs here: without it, autograd would keep its activations
@@ -88,6 +90,8 @@ class CachedDecoder:
             elif config.is_encoder_decoder:
                 self.cross_key_values = whisper_decoder.cross_key_values(model, hidden)
                 self._cache = whisper_decoder.prefilled_cache(model, self.cross_key_values)
+        elif static_steps.use_static_steps(model):   # a GPU: graph-captured passes from a static cache
+            self._step = static_steps.StaticCacheStep(model)
         elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
             self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)
 
