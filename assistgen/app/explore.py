@@ -9,8 +9,9 @@ from typing import Iterator
 from ..choices import DRAFT_SOURCES, SCHEDULE_NAMES
 from ..comparison.breakeven import DISAGREE
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, parse_values, run_sweep,
-                                sweep_break_even_figure, sweep_figure, sweep_json)
+                                sweep_json)
 from ..comparison.request import number, pair_for_task
+from ..views.plots import sweep_break_even_figure, sweep_figure
 from .validation import UserError
 
 MAX_RUNS = 12                 # values × repeats, checked on the server

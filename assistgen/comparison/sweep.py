@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, WINDOW_RANGE, temperature_allowed
-from .breakeven import DISAGREE, BreakEven, break_even_figure
+from .breakeven import DISAGREE, BreakEven
 from .compare import Settings
 
 # what can be swept: the setting's label, and the Settings field it sets (the assistant is a pair sharing the target)
@@ -262,63 +262,11 @@ def sweep_csv(over: str, points: list[Point]) -> str:
     return out.getvalue()
 
 
-def sweep_figure(over: str, points: list[Point], title: str = ""):
-    """Four panels over the swept values: speedup (median, min–max over repeats, the formula's prediction), tokens
-    per pass and mean acceptance length, draft acceptance rate and the share of passes that accepted nothing, and
-    acceptance per draft position. Points without runs yet are left out."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    done = [p for p in points if p.runs]
-    summaries = [p.summary() for p in done]
-    x = list(range(len(points)))
-    at = {p.value: i for i, p in enumerate(points)}
-    xs = [at[p.value] for p in done]
-    fig, axes = plt.subplots(2, 2, figsize=(9, 5.6), dpi=100)
-    (speed, passes), (rate, position) = axes
-    if summaries:
-        ys = [s["speedup"] for s in summaries]
-        speed.errorbar(xs, ys, yerr=[[y - s["speedup_min"] for y, s in zip(ys, summaries)],
-                                     [s["speedup_max"] - y for y, s in zip(ys, summaries)]],
-                       marker="o", capsize=4, label="measured (median, min–max)")
-        pred = [(x_, s["predicted_speedup"]) for x_, s in zip(xs, summaries) if s["predicted_speedup"] is not None]
-        if pred:
-            speed.plot(*zip(*pred), "x", color="#b91c1c", label="formula, from measured α, c, γ")
-        passes.plot(xs, [s["tokens_per_pass"] for s in summaries], marker="o", label="tokens per target pass")
-        passes.plot(xs, [s["mean_acceptance_length"] for s in summaries], marker="s", ls="--",
-                    label="mean acceptance length")
-        rate.plot(xs, [s["draft_acceptance_rate"] for s in summaries], marker="o", label="draft acceptance rate")
-        rate.plot(xs, [s["zero_accept_share"] for s in summaries], marker="s", ls="--",
-                  label="passes that accepted nothing")
-        for p, s in zip(done, summaries):
-            if s["per_position"]:
-                position.plot(range(1, len(s["per_position"]) + 1), s["per_position"], marker="o",
-                              label=f"{over} = {p.value}")
-    speed.axhline(1.0, color="grey", lw=1, ls="--")
-    speed.set(ylabel="speedup", title="Speedup (baseline / assisted latency)")
-    passes.set(ylabel="tokens", title="Tokens per pass")
-    rate.set(ylabel="share", ylim=(-0.02, 1.02), title="Acceptance")
-    position.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    position.set(xlabel="draft position", ylabel="accepted", ylim=(-0.02, 1.02), title="Acceptance per position")
-    for ax in (speed, passes, rate):
-        ax.set_xticks(x, [str(p.value) for p in points])
-        ax.set_xlim(-0.5, len(points) - 0.5)
-        ax.set_xlabel(OVER[over])
-    for ax in axes.flat:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
-
-
-def sweep_break_even_figure(points: list[Point]):
-    """The break-even map (`breakeven.break_even_figure`) with every finished run of every point."""
+def sweep_break_even(points: list[Point]) -> tuple[list[BreakEven], float | None]:
+    """Every finished run's break-even reading, across all points, and their median window γ: what the break-even
+    map (`views.plots.sweep_break_even_figure`) draws."""
     readings = [b for p in points for b in p.break_even_readings()]
-    gamma = _median(b.gamma for b in readings)
-    return break_even_figure(readings, gamma)
+    return readings, _median(b.gamma for b in readings)
 
 
 def assistant_choices(catalog, pair_name: str, task: str) -> list[str]:

@@ -5,21 +5,21 @@ import argparse
 import json
 import sys
 
-from ..app.render import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
-                          language_text, windows_text)
-from ..app.service import Service
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_LABELS, TASK_NAMES
 from ..comparison.compare import compare
 from ..comparison.request import request_inputs
 from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
 from ..models.catalog import CatalogError, load_catalog
+from ..models.defaults import default_pairs
 from ..models.fetch import FetchError, fetch_model
 from ..models.limits import limit_threads_to_usable_cpus
 from ..models.loading import LoadError
 from ..models.machine import machine_text
 from ..models.packs import PackError, cache_dir, disk_bytes
 from ..models.prepare import kept_models, prepare, prunable, prune
+from ..views.text import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
+                          language_text, windows_text)
 from . import bench, enginebench, sweep
 from .terminal import CliError, checked_request, load_pair, named, pair_for, progress_bar
 
@@ -56,7 +56,7 @@ def cmd_fetch(args) -> int:
     Face cache now; exit 2 with the reason when one cannot be."""
     catalog = load_catalog(args.catalog)
     if args.defaults:
-        names = Service(catalog).default_pairs()
+        names = default_pairs(catalog)
     else:
         names = args.pair or []
     if not names:

@@ -6,8 +6,8 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from ..app.render import fmt_value
 from ..comparison.sweep import ACCEPTANCE_KEYS, point_figures
+from ..views.text import fmt_value
 from .passcosts import curve_markdown
 
 

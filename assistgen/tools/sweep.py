@@ -22,12 +22,13 @@ from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
 from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
 from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, drafted, parse_values, run_sweep,
-                                sweep_break_even_figure, sweep_csv, sweep_figure, sweep_json)
+                                sweep_csv, sweep_json)
 from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
 from ..models.loading import LoadError
 from ..models.pool import ModelPool
+from ..views.plots import sweep_break_even_figure, sweep_figure
 from .terminal import CliError, checked_request, named, output_folder, pair_for, progress_bar
 
 

@@ -77,7 +77,8 @@ def test_sweep_cli_writes_json_csv_and_plots_and_greedy_repeats_match_the_baseli
 
 
 def test_the_sweep_plot_shows_every_point_that_ran():
-    from assistgen.comparison.sweep import Point, sweep_figure
+    from assistgen.comparison.sweep import Point
+    from assistgen.views.plots import sweep_figure
     points = [Point(0.0, [fake_result(Settings(), "p", 1.2)]), Point(0.5, [fake_result(Settings(), "p", 1.1)]),
               Point(1.0)]   # not run yet
     fig = sweep_figure("temperature", points)
