@@ -5,8 +5,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "assistgen"
 # bottom to top; "config" (the environment, read once) sits below everything; "choices" (the shared vocabulary of
-# requests) sits beside the engine, below the models
-LAYERS = ["config", "engine", "choices", "models", "comparison", "app", "tools"]
+# requests) sits beside the engine, below the models; "views" (a result's words and charts, for the page and the
+# command line alike) sits between the values (comparison) and the front ends (app, tools)
+LAYERS = ["config", "engine", "choices", "models", "comparison", "views", "app", "tools"]
 
 
 def _module(path: Path) -> str:
@@ -74,3 +75,16 @@ def test_the_engine_imports_no_ui_catalog_cli_or_plotting():
     assert {"ext:torch", "assistgen.engine.kv", "assistgen.engine.drafting", "assistgen.engine.schedules"} <= reached
     assert reached.isdisjoint({"ext:gradio", "ext:matplotlib", "ext:yaml"})
     assert {_layer(name) for name in reached if name.startswith("assistgen")} == {"engine"}
+
+
+def test_the_front_ends_share_the_views_and_only_the_views_draw():
+    """The command line words and draws results with the page's own views, without importing the page; below the
+    views, nothing draws."""
+    graph = _imports()
+    assert "assistgen.views.text" in graph["assistgen.tools.cli"]
+    assert "assistgen.views.plots" in graph["assistgen.app.render"]
+    assert [(m, n) for m, names in graph.items() for n in names
+            if _layer(m) == "tools" and _layer(n) == "app"] == []
+    drawing = {m for m, names in graph.items() if "ext:matplotlib" in names}
+    below = {m for m in drawing if _layer(m) and LAYERS.index(_layer(m)) < LAYERS.index("views")}
+    assert below == set() and "assistgen.views.plots" in drawing

@@ -1,12 +1,15 @@
-"""Comparison results as HTML, Markdown and a chart: what the app shows. No model code here."""
+"""Comparison results as the page shows them: HTML and Markdown around the shared words and charts of
+`assistgen.views`. No model code here."""
 from __future__ import annotations
 
 import html
 
-from ..choices import DRAFT_SOURCES, MODE_LABELS
-from ..comparison.breakeven import DISAGREE
+from ..choices import MODE_LABELS
 from ..comparison.tasks import Detokenizer
 from ..models.machine import machine_text
+from ..views.plots import steps_figure
+from ..views.text import (acceptance_rows, break_even_text, draft_source_words, end_to_end_text, explanation,
+                          fmt_value, language_text, ms_text, windows_text)
 
 LEGEND = ("<div class='ag-legend'><span class='ag-acc'>accepted draft</span> <span class='ag-own'>target's own token"
           "</span> <span class='ag-rej'>rejected draft</span> <span class='ag-base'>baseline token</span></div>")
@@ -69,11 +72,6 @@ def assisted_html(steps: list[dict], pieces: list[str], draft_piece) -> str:
     return f"<div class='ag-out'>{''.join(out) or '…'}</div>"
 
 
-def fmt_value(value, spec: str, unit: str = "", missing: str = "n/a") -> str:
-    """A figure for display: `value` formatted by `spec` with its unit, or `missing` when there is none."""
-    return missing if value is None else f"{format(value, spec)}{unit}"
-
-
 def figures_markdown(run: dict, assisted: bool) -> str:
     t = run["time"]
     rows = [("latency", fmt_value(run["latency_s"], ".2f", " s")), ("new tokens", str(run["new_tokens"])),
@@ -93,115 +91,15 @@ def figures_markdown(run: dict, assisted: bool) -> str:
     elif assisted:
         rows += [("drafting (later steps)", fmt_value(t["drafting_s"], ".2f", " s")),
                  ("verifying (later target passes)", f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']}"
-                  f" × {_ms(t['s_per_pass'])}, {t['rows_verified']} rows, {_ms(t['s_per_row'])} per row")]
+                  f" × {ms_text(t['s_per_pass'])}, {t['rows_verified']} rows, {ms_text(t['s_per_row'])} per row")]
     elif t["passes_after_prompt"]:
         rows.append(("decoding (later target passes)",
-                     f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × {_ms(t['s_per_pass'])}"))
+                     f"{fmt_value(t['verifying_s'], '.2f', ' s')}: {t['passes_after_prompt']} × "
+                     f"{ms_text(t['s_per_pass'])}"))
     rows.append(("other (bookkeeping, streaming)", fmt_value(t["other_s"], ".2f", " s")))
     if run.get("stop_reason") == "max_time":
         rows.append(("stopped", "time limit: partial output"))
     return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in rows)
-
-
-def acceptance_rows(acc: dict | None) -> list[tuple[str, str]]:
-    """The acceptance figures in vLLM's vocabulary (`comparison.acceptance`), for the assisted run's table."""
-    if not acc or not acc["drafting_passes"]:
-        return []
-    positions = " · ".join(f"{i + 1}: {v:.0%}" for i, v in enumerate(acc["per_position"][:8]))
-    return [("mean acceptance length (1 + accepted / drafting passes)", fmt_value(acc["mean_acceptance_length"], ".2f")),
-            ("draft acceptance rate (accepted / drafted)", fmt_value(acc["draft_acceptance_rate"], ".0%")),
-            ("acceptance per draft position", positions or "n/a"),
-            ("drafting passes that accepted nothing", fmt_value(acc["zero_accept_share"], ".0%"))]
-
-
-def break_even_text(result: dict) -> str | None:
-    """The speedup the standard formula predicts from this run's measured α, γ and c, beside the measured one."""
-    be = result.get("break_even")
-    if not be:
-        return None
-    line = (f"Break-even: with α = {be['alpha']:.2f} (acceptance per draft reached), γ = {be['gamma']:.1f} drafts per "
-            f"pass and c = {be['c']:.2f} (assistant / target cost per pass), the formula (1 - α^(γ+1)) / ((1 - α)(γc + 1)) "
-            f"predicts {be['predicted']:.2f}×; measured {be['measured']:.2f}×. ")
-    line += (f"Below α = {be['break_even_alpha']:.2f} assisted would be slower here." if be["break_even_alpha"] is not None
-             else "At this c no acceptance could pay.")
-    if be["disagrees"]:
-        line += f" They disagree by more than {DISAGREE * 100:.0f} %: {be['why']}."
-    return line
-
-
-def _ms(seconds) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
-
-
-def _passes(n: int) -> str:
-    return f"{n} pass" if n == 1 else f"{n} passes"
-
-
-def explanation(result: dict) -> str:
-    """Why the speedup is what it is, in the measured parts that add up to each latency."""
-    b, a = result["baseline"], result["assisted"]
-    tb, ta = b["time"], a["time"]
-    fixed_b, fixed_a = tb["setup_s"] + tb["prompt_s"], ta["setup_s"] + ta["prompt_s"]
-    later_b = (f"{_passes(tb['passes_after_prompt'])} × {_ms(tb['s_per_pass'])}" if tb["passes_after_prompt"]
-               else "no later pass")
-    later_a = (f"{ta['drafting_s']:.2f} s drafting + {_passes(ta['passes_after_prompt'])} × {_ms(ta['s_per_pass'])} "
-               f"verifying ({ta['rows_verified']} rows)" if ta["passes_after_prompt"]
-               else "no later pass")
-    text = (f"Baseline {b['latency_s']:.2f} s = {fixed_b:.2f} s setup and first step + {later_b} + "
-            f"{tb['other_s']:.2f} s other. Assisted {a['latency_s']:.2f} s = {fixed_a:.2f} s setup and first step + "
-            f"{later_a} + {ta['other_s']:.2f} s other.")
-    if a["target_passes"] != b["target_passes"]:
-        text += f" The target ran {_passes(a['target_passes'])} instead of {b['target_passes']}."
-    if tb["s_per_pass"] and ta["s_per_pass"]:
-        text += f" A verifying pass cost {ta['s_per_pass'] / tb['s_per_pass']:.2f}× a plain one"
-        text += f", and drafting added {ta['drafting_s']:.2f} s." if ta["drafting_s"] else "."
-    return text
-
-
-LANGUAGE_SURE = 0.5   # a detected language less likely than this is shown as a guess
-
-
-def language_text(result: dict) -> str | None:
-    """Speech: the language transcribed, and how it was chosen."""
-    language = result.get("language")
-    if not language:
-        return None
-    if not language["detected"]:
-        return f"Language: {language['code']}, as chosen."
-    unsure = ("; the target is unsure: if this is not the spoken language, pick it in the menu"
-              if language["probability"] < LANGUAGE_SURE else "")
-    return f"Language: {language['code']}, detected by the target (p = {language['probability']:.2f}){unsure}."
-
-
-def windows_text(result: dict) -> str | None:
-    """A long recording: how many windows, and the runs' seconds per window."""
-    windows = result.get("windows")
-    if not windows or len(windows) < 2:
-        return None
-    lengths = [w["end_s"] - w["start_s"] for w in windows]
-
-    def spread(run: str) -> str:
-        seconds = [w[run]["latency_s"] for w in windows]
-        return f"{min(seconds):.2f}–{max(seconds):.2f} s"
-    return (f"{len(windows)} windows of {min(lengths):.0f}–{max(lengths):.0f} s, cut at pauses; per window the "
-            f"baseline took {spread('baseline')} and assisted generation {spread('assisted')} (every window's "
-            "figures are in the JSON).")
-
-
-def draft_source_words(result: dict) -> str:
-    """The draft source as the page names it ("assistant + prompt lookup"), not its id."""
-    return DRAFT_SOURCES.get(result["draft_source"], result["draft_source"])
-
-
-def end_to_end_text(result: dict) -> str | None:
-    """Speech: the whole path from the file, its decoding and features (done once, shared by both runs) added to
-    each run's model time."""
-    prep, total = result.get("prep"), result.get("end_to_end_s")
-    if not prep or not total:
-        return None
-    return (f"From the file: decoding {prep.get('audio_decode_s', 0):.2f} s and features {prep.get('features_s', 0):.2f}"
-            f" s, shared by both runs; end to end the baseline took {total['baseline']:.2f} s and assisted generation "
-            f"{total['assisted']:.2f} s.")
 
 
 def summary_html(result: dict) -> str:
@@ -238,33 +136,6 @@ def summary_html(result: dict) -> str:
     if result["mode"] == "different-tokenizer":
         parts.append(f"<div class='ag-note'><b>Pair:</b> {html.escape(result['mode_reason'])}</div>")
     return "".join(parts)
-
-
-def steps_figure(steps: list[dict], initial_window: int | None = None):
-    """Per target pass: the window (the most drafts the schedule allowed; it starts at `initial_window`, the
-    Settings' value, and moves as the schedule adapts), the drafts verified (and those drafted but withheld), and how
-    many were accepted."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 2.6), dpi=100)
-    x = list(range(1, len(steps) + 1))
-    ax.bar(x, [len(s["candidates"]) for s in steps], color="#fecaca", label="drafts verified")
-    if any(s.get("withheld") for s in steps):
-        ax.bar(x, [s.get("withheld", 0) for s in steps], bottom=[len(s["candidates"]) for s in steps], color="#d4d4d8",
-               label="drafted, withheld")
-    ax.bar(x, [s["accepted"] for s in steps], color="#22c55e", label="drafts accepted")
-    initial = "" if initial_window is None else f" (initial {initial_window})"
-    ax.step(x, [s["window"] for s in steps], where="mid", color="#4338ca",
-            label=f"window: most drafts the schedule allowed{initial}")
-    ax.set_xlabel("target pass")
-    ax.set_ylabel("drafts")
-    ax.legend(loc="lower right", bbox_to_anchor=(1, 1.0), fontsize=8, ncols=2, frameon=False)
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.margins(x=0.01)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
 
 
 def result_outputs(result: dict) -> dict:

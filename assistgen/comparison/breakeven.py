@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 DISAGREE = 0.20   # measured and predicted further apart than this (relative to the prediction) is said plainly
 
 
@@ -95,30 +93,3 @@ def break_even(result: dict) -> BreakEven | None:
     disagrees = abs(measured - predicted) > DISAGREE * predicted
     return BreakEven(alpha, gamma, c, predicted, measured, break_even_alpha(gamma, c), disagrees,
                      _why(result, predicted, measured) if disagrees else None)
-
-
-def break_even_figure(points: list[BreakEven], gamma: float | None = None):
-    """The map: α across, c up, the break-even line (predicted speedup = 1) at the window γ, and each point where
-    its measured parts put it, labelled with its measured speedup."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    gamma = gamma if gamma is not None else (points[0].gamma if points else 5.0)
-    fig, ax = plt.subplots(figsize=(4.2, 3.2), dpi=100)
-    cs = np.linspace(0.0, 1.0, 101)
-    alphas = [break_even_alpha(gamma, c) for c in cs]
-    line = [(a, c) for a, c in zip(alphas, cs) if a is not None]
-    if line:
-        ax.plot(*zip(*line), color="#b91c1c", label=f"break-even at γ = {gamma:.1f}")
-        ax.fill_betweenx([c for _, c in line], [a for a, _ in line], 1.0, color="#dcfce7", label="predicted faster")
-    for p in points:
-        ax.scatter([p.alpha], [p.c], color="#4338ca", zorder=3,
-                   label="a run (its measured speedup)" if p is points[0] else None)
-        ax.annotate(f"{p.measured:.2f}×", (p.alpha, p.c), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    top = max([0.5] + [p.c * 1.2 for p in points])
-    ax.set(xlim=(0, 1), ylim=(0, min(1.0, top)), xlabel="α (acceptance per draft reached)",
-           ylabel="c (assistant / target cost per pass)", title="Where the runs sit against the break-even")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
