@@ -46,10 +46,16 @@ CAPACITY = 4096               # positions the buffers hold at first: a 2048-toke
 WARM_UP_PASSES = 2            # eager passes on a side stream before a capture, as torch's CUDA graph notes ask
 
 
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")   # rotary embeddings whose frequencies never change in a pass
+
+
 def supports(model) -> bool:
     """Whether `model` runs here: a Llama-style decoder (`llama_decoder.supports`) of plain `nn.Linear` products (no
-    int8 layer, whose CPU kernels a graph cannot hold) and transformers' own attention (not the row-invariant one)."""
+    int8 layer, whose CPU kernels a graph cannot hold), transformers' own attention (not the row-invariant one) and
+    a rotary embedding that a graph can hold (not a dynamic one, which recomputes its frequencies by length)."""
     if not llama_decoder.supports(model) or attention.separate_prompt_pass(model):
+        return False
+    if getattr(model.model.rotary_emb, "rope_type", "default") not in STATIC_ROPE:
         return False
     products = [model.lm_head]
     for layer in model.model.layers:

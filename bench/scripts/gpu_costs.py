@@ -8,7 +8,9 @@ decoder, Whisper small.en + distil-small.en's decoder, OPT-6.7B + 125M), it time
 rows after a 100-token prompt (the device synchronized before each timer is read), and one assistant pass; then replays the greedy acceptance traces of
 bench/inputs/acceptance_traces.json (the Qwen pair's, recorded on the CPU: code, chat, translation) under the
 heuristic and adaptive schedules, priced with these costs. `bench/gpu.sh` runs it after the engine's tests on the
-device. `--small` shrinks every model to a few layers, to check the script itself on a CPU.
+device. `--small` shrinks every model to a few layers, to check the script itself on a CPU. The passes take the
+engine's own path: on a CUDA device a Qwen model's are graph-captured (`engine/static_steps.py`; `gpu_graphs` times
+them against the eager ones), so figures from before it (docs/space.md's "On a GPU") are eager.
 """
 from __future__ import annotations
 
