@@ -257,6 +257,32 @@ then assisted, with the same speed probes as above; settings that are not swept 
 the measured speedup, with the break-even map."""
 
 
+def _explore_handler(service: Service, switches: StopSwitches):
+    """The Explore tab's run: the sweep's progress, plots, table and JSON as each run finishes, until it ends or this
+    page's switch stops it."""
+    def handler(task_name, pair_name, content, clip, setting, value_text, repeat_count, tokens, request: gr.Request):
+        switch = switches.current(request.session_hash)
+        try:
+            title = f"{pair_name}, {TASK_LABELS.get(task_name, task_name)}"
+            meta = {"pair": pair_name, "task": task_name, "repeats": repeat_count, "max_new_tokens": tokens}
+            yield progress_html(None), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            sweep = explore(service, task_name, pair_name, over=setting, values=value_text, repeats=repeat_count,
+                            max_new_tokens=tokens, text=content, audio=clip, stop=switch)
+            # nothing new for a second: a chance for Gradio to close the stream (the page gone), which stops the sweep
+            with contextlib.closing(keep_closable(sweep, IDLE_S, switch.set)) as steps:
+                for step in steps:
+                    if step is None:
+                        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                        continue
+                    out = explore_outputs(setting, step, title, meta)
+                    yield out["progress"], out["plot"], out["table"], out["break_even"], out["json"]
+        except Exception as exc:
+            raise _as_gradio_error(exc) from None
+        finally:
+            switches.release(request.session_hash, switch)
+    return handler
+
+
 def _explore_tab(service: Service) -> None:
     """The Explore tab: a pair, an input, one setting over a few values, repeats; the plot grows run by run."""
     tasks = [(label, task) for task, label in TASK_LABELS.items()]
@@ -307,27 +333,6 @@ def _explore_tab(service: Service) -> None:
         trigger(lambda setting, name, pair_name: default_values(service.catalog, setting, name, pair_name),
                 inputs=[over, task, pair], outputs=values, api_visibility="private", queue=False)
 
-    def handler(task_name, pair_name, content, clip, setting, value_text, repeat_count, tokens, request: gr.Request):
-        switch = switches.current(request.session_hash)
-        try:
-            title = f"{pair_name}, {TASK_LABELS.get(task_name, task_name)}"
-            meta = {"pair": pair_name, "task": task_name, "repeats": repeat_count, "max_new_tokens": tokens}
-            yield progress_html(None), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            sweep = explore(service, task_name, pair_name, over=setting, values=value_text, repeats=repeat_count,
-                            max_new_tokens=tokens, text=content, audio=clip, stop=switch)
-            # nothing new for a second: a chance for Gradio to close the stream (the page gone), which stops the sweep
-            with contextlib.closing(keep_closable(sweep, IDLE_S, switch.set)) as steps:
-                for step in steps:
-                    if step is None:
-                        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-                        continue
-                    out = explore_outputs(setting, step, title, meta)
-                    yield out["progress"], out["plot"], out["table"], out["break_even"], out["json"]
-        except Exception as exc:
-            raise _as_gradio_error(exc) from None
-        finally:
-            switches.release(request.session_hash, switch)
-
     def start(request: gr.Request):
         switches.arm(request.session_hash)
         return gr.Button(visible=True), gr.Button(interactive=False), None, "", None, None
@@ -335,6 +340,7 @@ def _explore_tab(service: Service) -> None:
     # Stop sets this page's switch on the server, and the sweep stops at the model thread's next decoding step; the
     # handler then shows the finished points and says it was stopped (a Gradio cancel would drop that last update)
     switches = StopSwitches()
+    handler = _explore_handler(service, switches)
     running = run.click(start, outputs=[stop, run, plot, table, break_even, sweep_out], queue=False,
                         api_visibility="private", show_progress="hidden"
                         ).then(handler, inputs=[task, pair, text, audio, over, values, repeats, max_new_tokens],

@@ -16,13 +16,14 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
 from ..comparison.compare import Settings, compare
 from ..comparison.request import request_inputs
-from ..comparison.sweep import (MAX_REPEATS, OVER, Progress, assistant_choices, drafted, parse_values, run_sweep,
-                                sweep_csv, sweep_json)
+from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, drafted, parse_values,
+                                run_sweep, sweep_csv, sweep_json)
 from ..comparison.tasks import LANGUAGES, InputError
 from ..models.availability import pair_availability
 from ..models.catalog import load_catalog
@@ -65,19 +66,10 @@ def run(args: argparse.Namespace) -> int:
     spec = pair_for(catalog, args.pair, args.task, args.audio)
     request = checked_request(spec, args)
     base = request.settings
-    try:
-        values = parse_values(args.over, args.values)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    values = _values(args, catalog, spec.name)
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise CliError(f"--repeats must be from 1 to {MAX_REPEATS}")
     out = output_folder(args.out) if args.out else None
-    if args.over == "assistant":
-        allowed = assistant_choices(catalog, spec.name, args.task)
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise CliError(f"not a pair sharing {spec.name}'s target for {args.task}: {', '.join(bad)}; "
-                           f"choose from {', '.join(allowed)}")
     pool, pairs, inputs = ModelPool(catalog), {}, {}
 
     def loaded(name: str):
@@ -132,18 +124,37 @@ def run(args: argparse.Namespace) -> int:
             **progress.state()}
     result = sweep_json(args.over, points, meta)
     if out is not None:
-        (out / "sweep.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
-        (out / "sweep.csv").write_text(sweep_csv(args.over, points))
-        sweep_figure(args.over, points, f"{spec.name}, {args.task}: {args.repeats} repeat(s)").savefig(
-            out / "sweep.png", dpi=110)
-        sweep_break_even_figure(points).savefig(out / "break_even.png", dpi=110)
-        print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'sweep.png'}, {out / 'break_even.png'}",
-              file=sys.stderr)
+        _write(out, args.over, points, result, f"{spec.name}, {args.task}: {args.repeats} repeat(s)")
     if args.json:
         print(json.dumps(result, indent=1, ensure_ascii=False))
         return 0
     print(sweep_table(args.over, result["points"]))
     return 0
+
+
+def _values(args: argparse.Namespace, catalog, pair_name: str) -> list:
+    """The values to sweep, read for the setting; for the assistant, pairs that share `pair_name`'s target."""
+    try:
+        values = parse_values(args.over, args.values)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.over == "assistant":
+        allowed = assistant_choices(catalog, pair_name, args.task)
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise CliError(f"not a pair sharing {pair_name}'s target for {args.task}: {', '.join(bad)}; "
+                           f"choose from {', '.join(allowed)}")
+    return values
+
+
+def _write(out: Path, over: str, points: list[Point], result: dict, title: str) -> None:
+    """The sweep's JSON, CSV and two charts into the folder `out`."""
+    (out / "sweep.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    (out / "sweep.csv").write_text(sweep_csv(over, points))
+    sweep_figure(over, points, title).savefig(out / "sweep.png", dpi=110)
+    sweep_break_even_figure(points).savefig(out / "break_even.png", dpi=110)
+    print(f"wrote {out / 'sweep.json'}, {out / 'sweep.csv'}, {out / 'sweep.png'}, {out / 'break_even.png'}",
+          file=sys.stderr)
 
 
 def _report(args: argparse.Namespace, progresses: Iterator[Progress]) -> Iterator[Progress]:
