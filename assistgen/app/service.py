@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextvars
 import math
 import os
+import threading
 from dataclasses import replace
 from typing import Callable, Iterator
 
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 
 from ..choices import DRAFT_SOURCES, TASKS, Limits, limits_from_env
-from ..comparison.compare import Comparison, Settings, compare, warm_up
-from ..comparison.request import Request, build_request, pair_for_task, request_inputs, request_settings
+from ..comparison.compare import Comparison, compare, warm_up
+from ..comparison.request import Request, Settings, build_request, pair_for_task, request_inputs, request_settings
 from ..comparison.speech import WINDOW_S, asr_inputs
 from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
@@ -85,13 +86,23 @@ class Service:
         self._preloading: set[str] = set()        # pairs the start-up preload has yet to finish
         self.pool = pool or ModelPool(catalog)
         self.limits = limits or limits_from_env()
-        # all model work runs on one thread: one request at a time, so timings never mix, on the thread the warm-up
-        # warmed for every request
-        self.model_thread = ModelThread()
-        self.model_thread.call(zerogpu.emulate_cuda)   # on ZeroGPU the models are placed on "cuda" on this thread
+        self._model_thread: ModelThread | None = None   # started on first use (`model_thread`)
+        self._thread_lock = threading.Lock()
         self.update_interval_s = update_interval_s()
         # a comparison's GPU part, one call each: on ZeroGPU the only time the process has a GPU
         self._compare_on_gpu = zerogpu.on_gpu(self._compare, self.gpu_duration_s)
+
+    @property
+    def model_thread(self) -> ModelThread:
+        """The one thread all model work runs on: one request at a time, so timings never mix, on the thread the
+        warm-up warmed for every request. Started on first use, so a service built only for its pair choices
+        (`fetch --defaults`) starts none."""
+        with self._thread_lock:
+            if self._model_thread is None:
+                thread = ModelThread()
+                thread.call(zerogpu.emulate_cuda)   # on ZeroGPU the models are placed on "cuda" on this thread
+                self._model_thread = thread
+            return self._model_thread
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:

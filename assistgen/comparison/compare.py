@@ -5,8 +5,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ..choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TEMPERATURE_RULE, WINDOW_RANGE,
-                       temperature_allowed)
+from ..choices import DRAFT_SOURCES
 from ..engine.decoding import GenerationResult, Step, generate, joined
 from ..engine.drafting import PaybackCosts
 from ..engine.schedules import AdaptiveSchedule
@@ -18,43 +17,10 @@ from . import schedule_store
 from .acceptance import acceptance
 from .breakeven import break_even
 from .probe import SpeedProbe, Stability, judge, rows_to_probe
+from .request import Inputs, Settings
 from .runtime import is_warm, remember, runtime, set_warm
 from .speech import SpeechWindow, languages, window_language
 from .tasks import decode
-
-
-@dataclass(frozen=True)
-class Settings:
-    max_new_tokens: int = 128
-    temperature: float = 0.0          # 0 means greedy
-    top_p: float = 1.0
-    draft_source: str = "assistant"   # or "prompt_lookup", "assistant_lookup" (choices.DRAFT_SOURCES)
-    num_assistant_tokens: int = 5
-    schedule: str = "heuristic"
-    seed: int = 0
-    max_time_s: float | None = None
-
-    def validate(self) -> "Settings":
-        (low, high), (w_low, w_high) = MAX_NEW_TOKENS_RANGE, WINDOW_RANGE
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or \
-                not low <= self.max_new_tokens <= high:
-            raise ValueError(f"max_new_tokens must be a whole number from {low} to {high}, "
-                             f"got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not temperature_allowed(self.temperature):
-            raise ValueError(f"temperature must be {TEMPERATURE_RULE}, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.draft_source not in DRAFT_SOURCES:
-            raise ValueError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
-        if self.schedule not in SCHEDULE_NAMES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {self.schedule!r}")
-        if not isinstance(self.num_assistant_tokens, int) or not w_low <= self.num_assistant_tokens <= w_high:
-            raise ValueError(f"num_assistant_tokens must be from {w_low} to {w_high}, got {self.num_assistant_tokens!r}")
-        return self
-
-    @property
-    def do_sample(self) -> bool:
-        return self.temperature > 0
 
 
 def time_breakdown(result: GenerationResult) -> dict:
@@ -227,8 +193,6 @@ def cost_ratio(baseline: GenerationResult, assisted: GenerationResult) -> float 
     return per_assistant_pass / per_target_pass if per_target_pass > 0 else None
 
 
-Inputs = dict | list[SpeechWindow]   # one prompt or clip, or a recording's windows
-
 
 def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draft_source: str | None = None,
                    on_step: Callable[[Step], None] | None = None,
@@ -380,7 +344,6 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     "features_s": the windows' features}, done once and shared by both runs: `request.request_inputs`), which each run's
     end-to-end latency adds to its own.
     """
-    settings.validate()
     phase = on_phase or (lambda name: None)
     window = on_window or (lambda run, index, total, w: None)
     draft_source, off = effective_draft_source(pair, task, inputs, settings.draft_source)

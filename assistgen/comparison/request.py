@@ -11,14 +11,56 @@ from typing import Callable
 
 import numpy as np
 
-from ..choices import MAX_INPUT_TOKENS, TASK_LABELS, TASKS, Limits, limits_from_env
+from ..choices import (DRAFT_SOURCES, MAX_INPUT_TOKENS, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS, TASKS,
+                       TEMPERATURE_RULE, WINDOW_RANGE, Limits, limits_from_env, temperature_allowed)
 from ..models.availability import pair_availability
 from ..models.catalog import Catalog, PairSpec
 from ..models.loading import LoadedPair
 from .audio import load_audio
-from .compare import Inputs, Settings
-from .speech import detect_language, languages, speech_windows
+from .speech import SpeechWindow, detect_language, languages, speech_windows
 from .tasks import LANGUAGES, InputError, check_text, text_inputs
+
+
+Inputs = dict | list[SpeechWindow]   # one prompt or clip, or a recording's windows
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How both runs of a comparison decode, checked against the limits of `choices` when built (an InputError
+    says what to change): every Settings is a valid one."""
+    max_new_tokens: int = 128
+    temperature: float = 0.0          # 0 means greedy
+    top_p: float = 1.0                # nucleus sampling; below 1 only with a temperature above 0
+    draft_source: str = "assistant"   # or "prompt_lookup", "assistant_lookup" (choices.DRAFT_SOURCES)
+    num_assistant_tokens: int = 5
+    schedule: str = "heuristic"
+    seed: int = 0
+    max_time_s: float | None = None
+
+    def __post_init__(self) -> None:
+        (low, high), (w_low, w_high) = MAX_NEW_TOKENS_RANGE, WINDOW_RANGE
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or \
+                not low <= self.max_new_tokens <= high:
+            raise InputError(f"max_new_tokens must be a whole number from {low} to {high}, "
+                             f"got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not temperature_allowed(self.temperature):
+            raise InputError(f"temperature must be {TEMPERATURE_RULE}, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_p < 1 and not self.do_sample:
+            raise InputError(f"top_p {self.top_p:g} applies to sampling only: set a temperature above 0, or leave "
+                             "top_p at 1")
+        if self.draft_source not in DRAFT_SOURCES:
+            raise InputError(f"draft source must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise InputError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {self.schedule!r}")
+        if not isinstance(self.num_assistant_tokens, int) or not w_low <= self.num_assistant_tokens <= w_high:
+            raise InputError(f"num_assistant_tokens must be from {w_low} to {w_high}, "
+                             f"got {self.num_assistant_tokens!r}")
+
+    @property
+    def do_sample(self) -> bool:
+        return self.temperature > 0
 
 
 @dataclass(frozen=True)
@@ -48,14 +90,6 @@ def _check_task(spec: PairSpec, task: str) -> None:
     if task not in spec.tasks:
         raise InputError(f"pair {spec.name!r} does not do {TASK_LABELS.get(task, task).lower()}; it does "
                          f"{', '.join(TASK_LABELS.get(t, t).lower() for t in spec.tasks)}: pick another pair")
-
-
-def _checked(settings: Settings) -> Settings:
-    """`settings`, each value within the limits of `choices`."""
-    try:
-        return settings.validate()
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
 
 
 def pair_for_task(catalog: Catalog, name: str, task: str) -> PairSpec:
@@ -95,7 +129,7 @@ def number(name: str, value, kind: type):
     return value
 
 
-def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, draft_source=None,
+def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, top_p=1.0, draft_source=None,
                      num_assistant_tokens=None, schedule=None, seed=0, max_time_s: float | None = None) -> Settings:
     """Settings from a request's raw values; what is not given comes from the pair's own defaults (models.yaml).
     `max_time_s`: each run's time limit, None for none."""
@@ -103,11 +137,10 @@ def request_settings(spec: PairSpec, *, max_new_tokens=None, temperature=0.0, dr
                       else number("max_new_tokens", max_new_tokens, int))
     window = (spec.num_assistant_tokens if num_assistant_tokens is None
               else number("initial window", num_assistant_tokens, int))
-    settings = Settings(max_new_tokens=max_new_tokens, temperature=float(number("temperature", temperature, float)),
-                        draft_source=draft_source or spec.draft_source, num_assistant_tokens=window,
-                        schedule=schedule or spec.schedule,
-                        seed=int(number("seed", seed, int)), max_time_s=max_time_s)
-    return _checked(settings)
+    return Settings(max_new_tokens=max_new_tokens, temperature=float(number("temperature", temperature, float)),
+                    top_p=float(number("top_p", top_p, float)), draft_source=draft_source or spec.draft_source,
+                    num_assistant_tokens=window, schedule=schedule or spec.schedule,
+                    seed=int(number("seed", seed, int)), max_time_s=max_time_s)
 
 
 def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | None = None, audio=None,
@@ -119,7 +152,6 @@ def build_request(spec: PairSpec, task: str, settings: Settings, *, text: str | 
     CLI and bench read local files of any size."""
     limits = limits or limits_from_env()
     _check_task(spec, task)
-    _checked(settings)
     if task == "asr":
         start = time.perf_counter()
         samples = load_audio(audio, max_seconds=limits.max_audio_s,

@@ -2,7 +2,8 @@
 adaptive schedules its runs measured, the costs that decide when its assistant starts, and which of its models have
 run once (warm). `models.loading` holds only what loading produced; this state belongs to the layer that makes it.
 
-Keyed by the loaded object's identity and dropped with it: a pair or model the pool lets go takes its state along.
+Held in one registry, keyed by the loaded object itself and held weakly: a pair or model the pool lets go takes its
+state along.
 """
 from __future__ import annotations
 
@@ -36,29 +37,33 @@ class PairRuntime:
     payback: PaybackCosts | None = None   # when the assistant starts, beside prompt lookup (`compare.payback_costs`)
 
 
-_pairs: dict[int, PairRuntime] = {}
-_warm: dict[int, bool] = {}   # a loaded model -> whether it has run once, so one-time costs are out of timed runs' way
+@dataclass
+class ModelRuntime:
+    warm: bool = False   # whether the model has run once, so one-time costs are out of timed runs' way
 
 
-def _entry(table: dict, obj, make):
-    """`table`'s entry for `obj`, made by `make()` the first time and removed when `obj` is collected."""
-    key = id(obj)
-    if key not in table:
-        table[key] = make()
-        weakref.finalize(obj, table.pop, key, None)
-    return table[key]
+# the loaded pair or model -> its run-time state; an entry goes when its object is collected (both are `eq=False`
+# dataclasses, hashed by identity)
+_registry: "weakref.WeakKeyDictionary[LoadedPair | LoadedModel, PairRuntime | ModelRuntime]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _state(obj, make):
+    state = _registry.get(obj)
+    if state is None:
+        state = _registry[obj] = make()
+    return state
 
 
 def runtime(pair: LoadedPair) -> PairRuntime:
     """The pair's run-time state, empty the first time it is asked for."""
-    return _entry(_pairs, pair, PairRuntime)
+    return _state(pair, PairRuntime)
 
 
 def is_warm(model: LoadedModel) -> bool:
     """Whether the model has run once since it was last marked cold."""
-    return _warm.get(id(model), False)
+    return _state(model, ModelRuntime).warm
 
 
 def set_warm(model: LoadedModel, warm: bool) -> None:
-    _entry(_warm, model, bool)
-    _warm[id(model)] = warm
+    _state(model, ModelRuntime).warm = warm

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, WINDOW_RANGE, temperature_allowed
 from .breakeven import DISAGREE, BreakEven
-from .compare import Settings
+from .request import Settings
 
 # what can be swept: the setting's label, and the Settings field it sets (the assistant is a pair sharing the target)
 OVER = {"temperature": "temperature", "num_assistant_tokens": "initial window (num_assistant_tokens)",
@@ -78,7 +78,7 @@ def point_settings(base: Settings, over: str, value, repeat: int) -> Settings:
     """The settings of one run: the base, with the swept setting at `value` and the repeat as the seed (sampled
     repeats draw differently; greedy ones do not depend on it)."""
     changed = {} if over == "assistant" else {over: value}
-    return replace(base, seed=repeat, **changed).validate()
+    return replace(base, seed=repeat, **changed)
 
 
 def _median(values):

@@ -37,7 +37,7 @@ class LoadError(RuntimeError):
     """A model could not be loaded; the message says why and what to do."""
 
 
-@dataclass
+@dataclass(eq=False)   # one object, one model: hashed by identity (run-time state is keyed by it)
 class LoadedModel:
     spec: ModelSpec
     model: Any
@@ -57,7 +57,7 @@ class LoadedModel:
         return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
 
 
-@dataclass
+@dataclass(eq=False)
 class LoadedPair:
     spec: PairSpec
     target: LoadedModel

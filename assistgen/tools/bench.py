@@ -38,10 +38,10 @@ import torch
 import transformers
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, TEXT_TASKS, temperature_allowed
-from ..comparison.compare import (Settings, cost_ratio, effective_draft_source, first_inputs, run_generation,
+from ..comparison.compare import (cost_ratio, effective_draft_source, first_inputs, run_generation,
                                   target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
-from ..comparison.request import build_request, request_inputs, request_settings
+from ..comparison.request import Settings, build_request, request_inputs, request_settings
 from ..comparison.acceptance import acceptance
 from ..comparison.sweep import point_settings, sweep_plan
 from ..comparison.speech import window_language

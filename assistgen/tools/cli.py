@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--max-new-tokens", type=int, metavar="N",
                       help="max new tokens per run (speech: per 30 s window); default: the pair's own")
     comp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    comp.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                      help="nucleus sampling with --temperature above 0: the smallest set of tokens whose probability "
+                           "reaches P (default 1: all)")
     comp.add_argument("--draft-source", type=named(DRAFT_SOURCE_NAMES, "draft source"), metavar="SOURCE",
                       help="assistant, assistant+lookup (assistant + prompt lookup) or prompt-lookup; the ids "
                            "assistant_lookup and prompt_lookup too; default: the pair's own (models.yaml)")

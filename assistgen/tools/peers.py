@@ -23,7 +23,8 @@ from typing import Protocol
 from tokenizers import Tokenizer
 
 from ..config import from_env
-from ..comparison.compare import Settings, first_inputs
+from ..comparison.compare import first_inputs
+from ..comparison.request import Settings
 from ..comparison.speech import window_language
 from ..models.catalog import Catalog, ModelSpec
 from ..models.packs import assemble, cache_dir

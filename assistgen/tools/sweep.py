@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TASK_NAMES
-from ..comparison.compare import Settings, compare
-from ..comparison.request import request_inputs
+from ..comparison.compare import compare
+from ..comparison.request import Settings, request_inputs
 from ..comparison.sweep import (MAX_REPEATS, OVER, Point, Progress, assistant_choices, drafted, parse_values,
                                 run_sweep, sweep_csv, sweep_json)
 from ..comparison.tasks import LANGUAGES, InputError

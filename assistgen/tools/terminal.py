@@ -87,6 +87,7 @@ def checked_request(spec: PairSpec, args) -> Request:
     is the pair's own; no time limit on a run."""
     try:
         settings = request_settings(spec, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    top_p=getattr(args, "top_p", 1.0),
                                     draft_source=args.draft_source, num_assistant_tokens=args.num_assistant_tokens,
                                     schedule=args.schedule, seed=getattr(args, "seed", 0))
         return build_request(spec, args.task, settings, text=args.text, audio=args.audio,
