@@ -20,6 +20,7 @@ from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explor
 from assistgen.app.explore import StopSwitches, progress_html  # noqa: E402
 from assistgen.app.body_limit import BodyLimit, body_limit_bytes  # noqa: E402
 from assistgen.app.frontend import EarlyScript  # noqa: E402
+from assistgen.app import gradio_compat  # noqa: E402
 from assistgen.app.render import CLEARED, CSS, LEGEND, STOPPED, LiveView  # noqa: E402
 from assistgen.app.render import result_outputs as result_outputs_of  # noqa: E402
 from assistgen.app.service import Service  # noqa: E402
@@ -32,6 +33,7 @@ from assistgen.comparison.sweep import OVER  # noqa: E402
 from assistgen.comparison.tasks import LANGUAGES  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+gradio_compat.require(gradio_compat.AUDIO_URLS)   # the patch below is written for one Gradio: another stops here
 
 
 def refuse_audio_urls() -> None:
@@ -441,6 +443,8 @@ def configure_queue(demo: gr.Blocks) -> gr.Blocks:
     the timed runs, which the CLI does not pay. Polling every 50 ms (Gradio's own choice on Windows) costs a
     request at most 50 ms before it starts, outside the timed runs."""
     demo.queue(max_size=from_env().queue_size, default_concurrency_limit=1)
+    if not gradio_compat.applies(gradio_compat.QUEUE_POLLING):
+        return demo
     queue = demo._queue   # no public setting for these (Gradio 6.31)
     queue.sleep_when_free = max(queue.sleep_when_free, QUEUE_POLL_S)
     queue.progress_update_sleep_when_free = max(queue.progress_update_sleep_when_free, QUEUE_POLL_S)
@@ -453,7 +457,8 @@ def queue_and_launch(demo: gr.Blocks, **kwargs):
     configure_queue(demo)
     limits = limits_from_env()
     app_kwargs = kwargs.setdefault("app_kwargs", {})
-    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), Middleware(EarlyScript),
+    early = [Middleware(EarlyScript)] if gradio_compat.applies(gradio_compat.TIMER_SCRIPT) else []
+    app_kwargs["middleware"] = [*app_kwargs.get("middleware", []), *early,
                                 Middleware(BodyLimit, max_bytes=body_limit_bytes(limits.max_input_tokens))]
     kwargs.setdefault("max_file_size", limits.max_file_size)
     return demo.launch(css=CSS, theme=gr.themes.Soft(), **kwargs)
