@@ -108,6 +108,7 @@ class StaticDecoder:
         self.rows = tuple(sorted(rows))
         self.pad_token = 0
         self.owner: object | None = None   # the `StaticCacheStep` whose sequence the buffers hold
+        self.weights: tuple[int, ...] = ()  # where the model's weights were when this was made (`shared`)
         inner = model.model
         self.embed, self.rotary, self.lm_head = inner.embed_tokens, inner.rotary_emb, model.lm_head
         self.final_norm = _rms_norm(inner.norm)
@@ -142,12 +143,14 @@ class StaticDecoder:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: int) -> torch.Tensor:
         """Logits ``(rows, vocab)`` in the model's dtype for `tokens` ``(1, rows)`` at `positions` ``(1, rows)``,
         each row attending to the first `slots` slots of the buffers up to its own position. Writes each row's key
-        and value at its position."""
+        and value at its position. `slots` 0: a prompt at positions 0 to rows - 1, attended causally, no mask (so
+        that fused attention kernels take it)."""
         hidden = self.embed(tokens)
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)   # (1, 1, rows, head_dim): broadcast over the heads
         index = positions[0]
-        mask = self._slots[:slots] <= index[:, None]    # (rows, slots): a row sees the slots up to its own position
+        # (rows, slots): a row sees the slots up to its own position
+        mask = self._slots[:slots] <= index[:, None] if slots else None
         for layer, keys, values in zip(self.layers, self.keys, self.values):
             hidden = hidden + self._attention(layer, keys, values, layer.input_norm(hidden), cos, sin, index, mask)
             x = layer.post_norm(hidden)
@@ -160,9 +163,10 @@ class StaticDecoder:
         k = _rotate(layer.k(x).view(1, rows, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         keys.index_copy_(2, index, k)
         values.index_copy_(2, index, layer.v(x).view(1, rows, self.kv_heads, self.head_dim).transpose(1, 2))
-        slots = mask.shape[1]
+        slots = rows if mask is None else mask.shape[1]
         out = F.scaled_dot_product_attention(q, keys[:, :, :slots], values[:, :, :slots], attn_mask=mask,
-                                             scale=layer.scaling, enable_gqa=self.heads != self.kv_heads)
+                                             is_causal=mask is None, scale=layer.scaling,
+                                             enable_gqa=self.heads != self.kv_heads)
         return layer.o(out.transpose(1, 2).reshape(1, rows, self.heads * self.head_dim))
 
     @torch.inference_mode()
@@ -179,7 +183,7 @@ class StaticDecoder:
         rows = next((r for r in self.rows if r >= n), None)
         if rows is None:   # longer than any captured pass: eagerly, unpadded, over the slots up to its end
             out = self.forward(torch.tensor([new], device=self.device),
-                               torch.arange(start, end, device=self.device).unsqueeze(0), end)
+                               torch.arange(start, end, device=self.device).unsqueeze(0), end if start else 0)
         else:
             pad = rows - n
             staged = torch.tensor([list(new) + [self.pad_token] * pad, list(range(start, end)) + [self.capacity] * pad])
@@ -237,11 +241,19 @@ class StaticDecoder:
 _shared: "weakref.WeakKeyDictionary[nn.Module, StaticDecoder]" = weakref.WeakKeyDictionary()
 
 
+def _weights_at(model) -> tuple[int, ...]:
+    return tuple(p.data_ptr() for p in model.parameters())
+
+
 def shared(model) -> StaticDecoder:
-    """`model`'s one `StaticDecoder`, made on first use and kept while the model lives."""
+    """`model`'s one `StaticDecoder`, made on first use and kept while the model lives, or made again when the
+    model's weights have moved since (`model.to`, ZeroGPU moving them onto its GPU): a graph reads them where they
+    were when it was captured."""
     decoder = _shared.get(model)
-    if decoder is None:
+    weights = _weights_at(model)
+    if decoder is None or decoder.weights != weights:
         decoder = _shared[model] = StaticDecoder(model)
+        decoder.weights = weights
     return decoder
 
 

@@ -94,7 +94,7 @@ def test_a_decoder_reads_its_prefix_again_after_another_wrote_the_shared_buffers
     shared = StaticDecoder(model)
     probe, run = StaticCacheStep(model, shared), StaticCacheStep(model, shared)
     probe.logits(PROMPT[:4], 0)
-    run.logits(PROMPT, 0)    # the buffers now hold another sequence
+    run.logits([50, 51, 52, 53, 54], 0)    # the buffers now hold another sequence
     again = probe.logits([11, 12], 4, keep=2)
     assert _close(again, _reference(model).logits(PROMPT[:4] + [11, 12], keep=2))
 
@@ -145,3 +145,40 @@ def test_graphs_captured_at_warm_up_replay_the_eager_passes():
     replayed = CachedDecoder(model, tm.decoder_inputs(7), prefix_length=7)
     for tokens, keep in [(PROMPT, 1), (PROMPT + [11], 1), (PROMPT + [11, 30, 2], 3), (PROMPT + [11, 40, 41], 2)]:
         assert _close(replayed.logits(tokens, keep), eager.logits(tokens, keep))
+
+
+def test_a_model_whose_weights_moved_gets_a_new_static_decoder():
+    """A graph reads the weights where they were at its capture: moved (`model.to`, ZeroGPU), they need new ones."""
+    model = tm.qwen2(10)
+    first = static_steps.shared(model)
+    assert static_steps.shared(model) is first
+    with torch.no_grad():
+        model.lm_head.weight.data = model.lm_head.weight.data.clone()
+    moved = static_steps.shared(model)
+    assert moved is not first and static_steps.shared(model) is moved
+    assert _close(StaticCacheStep(model).logits(PROMPT, 0, keep=2), _reference(model).logits(PROMPT, keep=2))
+
+
+def test_the_replay_layer_copies_each_pass_in_and_its_logits_out():
+    """Graphs stood in for by their eager pass over the same static tensors: what `logits` does around a replay."""
+    model = tm.qwen2(11)
+    decoder = StaticDecoder(model, graphs=False)
+
+    def capture(rows: int):
+        inputs = torch.zeros(2, rows, dtype=torch.long, device=tm.DEVICE)
+        logits = torch.empty(rows, tm.VOCAB, device=tm.DEVICE)
+
+        class Graph:
+            def replay(self):
+                logits.copy_(decoder.forward(inputs[:1], inputs[1:], decoder.capacity + 1))
+        decoder._captured[rows] = static_steps._Captured(Graph(), inputs, logits)
+        return decoder._captured[rows]
+    decoder.graphs, decoder._capture = True, capture
+    replayed, reference = _static(model), _reference(model)
+    replayed._step = StaticCacheStep(model, decoder)
+    first = replayed.logits(PROMPT + [11, 30, 2], keep=3)    # the prompt and 2 drafts: 10 rows in the 16-row graph
+    kept = first.clone()
+    for tokens, keep in [(PROMPT + [11, 30, 40], 2), (PROMPT + [11, 30, 40, 41], 1)]:
+        assert _close(replayed.logits(tokens, keep), reference.logits(tokens, keep))
+    assert torch.equal(first, kept)   # not the graph's output, which later replays write over
+    assert decoder.captured == (1, 2, 16)
