@@ -149,8 +149,9 @@ class StaticDecoder:
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)   # (1, 1, rows, head_dim): broadcast over the heads
         index = positions[0]
-        # (rows, slots): a row sees the slots up to its own position
-        mask = self._slots[:slots] <= index[:, None] if slots else None
+        mask = None
+        if slots:   # (rows, slots): a row sees the slots up to its own position; once per query head sharing a key head
+            mask = (self._slots[:slots] <= index[:, None]).repeat(self.heads // self.kv_heads, 1)
         for layer, keys, values in zip(self.layers, self.keys, self.values):
             hidden = hidden + self._attention(layer, keys, values, layer.input_norm(hidden), cos, sin, index, mask)
             x = layer.post_norm(hidden)
@@ -163,10 +164,14 @@ class StaticDecoder:
         k = _rotate(layer.k(x).view(1, rows, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         keys.index_copy_(2, index, k)
         values.index_copy_(2, index, layer.v(x).view(1, rows, self.kv_heads, self.head_dim).transpose(1, 2))
-        slots = rows if mask is None else mask.shape[1]
-        out = F.scaled_dot_product_attention(q, keys[:, :, :slots], values[:, :, :slots], attn_mask=mask,
-                                             is_causal=mask is None, scale=layer.scaling,
-                                             enable_gqa=self.heads != self.kv_heads)
+        if mask is None:   # a prompt from position 0: causal, left to the fused kernels
+            out = F.scaled_dot_product_attention(q, keys[:, :, :rows], values[:, :, :rows], is_causal=True,
+                                                 scale=layer.scaling, enable_gqa=self.heads != self.kv_heads)
+        else:   # the query heads that share a key head as rows of one query: each key head read once, not copied
+            slots = mask.shape[1]
+            grouped = q.reshape(1, self.kv_heads, mask.shape[0], self.head_dim)
+            out = F.scaled_dot_product_attention(grouped, keys[:, :, :slots], values[:, :, :slots], attn_mask=mask,
+                                                 scale=layer.scaling).reshape(1, self.heads, rows, self.head_dim)
         return layer.o(out.transpose(1, 2).reshape(1, rows, self.heads * self.head_dim))
 
     @torch.inference_mode()
