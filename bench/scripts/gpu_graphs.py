@@ -10,7 +10,7 @@ after a 100-token prompt, the median of `--repeats` passes, the device synchroni
 - `lean`: `llama_decoder.LlamaDecoderStep` (an assistant's path off a GPU);
 - `static eager`: `static_steps.StaticDecoder`'s padded passes, run eagerly;
 - `static graphs`: the same passes replayed as CUDA graphs, captured first (the capture's seconds are reported: the
-  warm-up pays them);
+  warm-up pays them), their logits compared with the eager passes';
 
 then c (the assistant's step over the target's) per path, the speedups the Qwen pair's greedy acceptance recorded on
 the CPU predicts with each path's costs (`gpu_costs.predicted`), and greedy identity on the device: the target alone,
@@ -71,6 +71,14 @@ def pass_s(decoder: CachedDecoder, tokens: list[int], rows: int, repeats: int) -
     return statistics.median(times[2:])
 
 
+def graphs_against_eager(model, tokens: list[int]) -> dict:
+    """The largest difference between a replayed and an eager static pass's logits (prompt, one step, 6 rows)."""
+    graphs, eager = _decoder(model, tokens, "static graphs"), _decoder(model, tokens, "static eager")
+    diffs = [float((graphs.logits(t, keep).float() - eager.logits(t, keep)).abs().max())
+             for t, keep in [(tokens, 1), (tokens + [5], 1), (tokens + [5, 6, 7, 8, 9, 10, 11], 6)]]
+    return {"max_abs_logit_diff": max(diffs)}
+
+
 def model_costs(model, tokens: list[int], paths: list[str], repeats: int) -> dict:
     """{path: {"1": s, "6": s}} and, for graphs, the seconds their capture took."""
     out: dict = {}
@@ -83,6 +91,8 @@ def model_costs(model, tokens: list[int], paths: list[str], repeats: int) -> dic
     for path in paths:
         decoder = _decoder(model, tokens, path)
         out[path] = {str(rows): round(pass_s(decoder, tokens, rows, repeats), 6) for rows in ROWS}
+    if "static graphs" in paths:
+        out["graphs_against_eager"] = graphs_against_eager(model, tokens)
     return out
 
 
@@ -140,7 +150,8 @@ def markdown(report: dict) -> list[str]:
         for role in ("target", "assistant"):
             if "capture_s" in entry[role]:
                 lines.append(f"{role}'s graphs ({entry[role]['captured_rows']} rows) captured in "
-                             f"{entry[role]['capture_s']:.2f} s")
+                             f"{entry[role]['capture_s']:.2f} s; their logits against the eager passes': at most "
+                             f"{entry[role]['graphs_against_eager']['max_abs_logit_diff']:.2e} apart")
         if "greedy" in entry:
             g = entry["greedy"]
             lines.append(f"greedy identity on the device (baseline, assisted, prompt lookup): {g['identical']}; "
