@@ -76,33 +76,17 @@ def numerics_here(spec: ModelSpec, device: torch.device) -> str:
     return words
 
 
-class Service:
-    def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, limits: Limits | None = None, device=None):
+class PairMenu:
+    """The pairs on offer on this hardware: each task's dropdown, its default pair, and the line under the menu."""
+
+    def __init__(self, catalog: Catalog, pool: ModelPool, device: torch.device):
         self.catalog = catalog
-        self.device = device or default_device()   # the hardware the defaults are chosen for
+        self.device = device   # the hardware the defaults are chosen for
         self.hardware = hardware(self.device)
+        self.pool = pool
         self._ready: set[str] = set()             # pairs seen available and within the memory budget
         self._defaults: set[str] | None = None
         self._preloading: set[str] = set()        # pairs the start-up preload has yet to finish
-        self.pool = pool or ModelPool(catalog)
-        self.limits = limits or limits_from_env()
-        self._model_thread: ModelThread | None = None   # started on first use (`model_thread`)
-        self._thread_lock = threading.Lock()
-        self.update_interval_s = update_interval_s()
-        # a comparison's GPU part, one call each: on ZeroGPU the only time the process has a GPU
-        self._compare_on_gpu = zerogpu.on_gpu(self._compare, self.gpu_duration_s)
-
-    @property
-    def model_thread(self) -> ModelThread:
-        """The one thread all model work runs on: one request at a time, so timings never mix, on the thread the
-        warm-up warmed for every request. Started on first use, so a service built only for its pair choices
-        (`fetch --defaults`) starts none."""
-        with self._thread_lock:
-            if self._model_thread is None:
-                thread = ModelThread()
-                thread.call(zerogpu.emulate_cuda)   # on ZeroGPU the models are placed on "cuda" on this thread
-                self._model_thread = thread
-            return self._model_thread
 
     # --- the pairs on offer -----------------------------------------------------------------------------------------
     def pair_choices(self, task: str) -> list[tuple[str, str]]:
@@ -143,19 +127,6 @@ class Service:
         """A click's estimated seconds on this hardware (the catalog's `click_s`, at the pair's own max new tokens),
         or None where the catalog has none."""
         return dict(pair.click_s).get(hardware_key(self.device))
-
-    def estimate_s(self, request: Request) -> float | None:
-        """A request's estimated seconds here: the pair's click estimate scaled by the request's max new tokens and,
-        for speech, its 30 s windows (each answers up to max new tokens); None without an estimate."""
-        click = self.click_s(request.pair)
-        if click is None:
-            return None
-        windows = 1 if request.samples is None else max(1, math.ceil(len(request.samples) / SAMPLE_RATE / WINDOW_S))
-        return click * request.settings.max_new_tokens / request.pair.max_new_tokens * windows
-
-    def gpu_duration_s(self, request: Request) -> int:
-        """The seconds a comparison asks ZeroGPU for (`zerogpu.duration_s`, from `estimate_s`)."""
-        return zerogpu.duration_s(self.estimate_s(request))
 
     def default_pair(self, choices: list[tuple[str, str]]) -> str | None:
         """The first pair among a dropdown's choices that is available, fits the memory budget and is meant for this
@@ -207,6 +178,44 @@ class Service:
                    "weights once, "
                    f"in a separate process, before timing anything (ahead of time: `python -m assistgen prepare "
                    f"--pair {pair_name}`)"))
+
+
+class Service(PairMenu):
+    """What the page and the API run: a request validated, its pair loaded, baseline then assisted, streamed."""
+
+    def __init__(self, catalog: Catalog, pool: ModelPool | None = None, *, limits: Limits | None = None, device=None):
+        super().__init__(catalog, pool or ModelPool(catalog), device or default_device())
+        self.limits = limits or limits_from_env()
+        self._model_thread: ModelThread | None = None   # started on first use (`model_thread`)
+        self._thread_lock = threading.Lock()
+        self.update_interval_s = update_interval_s()
+        # a comparison's GPU part, one call each: on ZeroGPU the only time the process has a GPU
+        self._compare_on_gpu = zerogpu.on_gpu(self._compare, self.gpu_duration_s)
+
+    @property
+    def model_thread(self) -> ModelThread:
+        """The one thread all model work runs on: one request at a time, so timings never mix, on the thread the
+        warm-up warmed for every request. Started on first use, so a service built only for its pair choices
+        (`fetch --defaults`) starts none."""
+        with self._thread_lock:
+            if self._model_thread is None:
+                thread = ModelThread()
+                thread.call(zerogpu.emulate_cuda)   # on ZeroGPU the models are placed on "cuda" on this thread
+                self._model_thread = thread
+            return self._model_thread
+
+    def estimate_s(self, request: Request) -> float | None:
+        """A request's estimated seconds here: the pair's click estimate scaled by the request's max new tokens and,
+        for speech, its 30 s windows (each answers up to max new tokens); None without an estimate."""
+        click = self.click_s(request.pair)
+        if click is None:
+            return None
+        windows = 1 if request.samples is None else max(1, math.ceil(len(request.samples) / SAMPLE_RATE / WINDOW_S))
+        return click * request.settings.max_new_tokens / request.pair.max_new_tokens * windows
+
+    def gpu_duration_s(self, request: Request) -> int:
+        """The seconds a comparison asks ZeroGPU for (`zerogpu.duration_s`, from `estimate_s`)."""
+        return zerogpu.duration_s(self.estimate_s(request))
 
     # --- running ----------------------------------------------------------------------------------------------------
     def settings(self, pair_name: str, **values) -> Settings:

@@ -1,14 +1,17 @@
 """Baseline, then assisted, on the same input: the figures the app, the CLI and the API all show."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ..choices import DRAFT_SOURCES
-from ..engine.decoding import GenerationResult, Step, generate, joined
-from ..engine.drafting import PaybackCosts
-from ..engine.schedules import AdaptiveSchedule
+from ..engine.decoding import GenerationResult, Step, joined, prepare, speculative_decode
+from ..engine.decoding import draft_source as engine_draft_source
+from ..engine.drafting import AssistantStart, PaybackCosts
+from ..engine.sampling import Sampler
+from ..engine.schedules import AdaptiveSchedule, make_schedule
 from ..models.loading import LoadedModel, LoadedPair
 from ..models.devices import dtype_name
 from ..models.machine import machine
@@ -51,8 +54,36 @@ def run_figures(result: GenerationResult, text: str) -> dict:
             "assistant_passes": result.assistant_passes, "tokens_per_pass": round(result.tokens_per_pass, 3),
             "acceptance_rate": None if result.acceptance_rate is None else round(result.acceptance_rate, 4),
             "stop_reason": result.stop_reason, "time": time_breakdown(result),
-            "assistant_start": result.assistant_start,
+            "assistant_start": None if result.assistant_start is None else {
+                **result.assistant_start.to_dict(), "reason": assistant_start_reason(result.assistant_start)},
             "acceptance": acceptance(result.steps).to_dict()}
+
+
+def assistant_start_reason(start: AssistantStart) -> str | None:
+    """Why the assistant started late or not at all, in words (None where it started with the first step)."""
+    if start.started_after == 0:
+        return None
+    if not start.refused:   # waited only for this machine's first measurements
+        return ((f"the assistant started after {_tokens(start.started_after)}" if start.started else
+                 "the assistant was not used") +
+                ": its prompt pass could not be priced until the target's passes on this machine were measured; "
+                "drafts came from the prompt (lookup) until then")
+    cost, count = ((start.assistant_prompt_s, start.assistant_prompt_tokens) if start.started else
+                   (round(start.estimated_prompt_s, 4), start.estimated_prompt_tokens))
+    saving = round(start.saving_per_token_s, 5)
+    prompt = (f"its prompt pass ({'' if start.started else 'about '}{cost:.1f} s for {count:,} tokens) against "
+              f"about {1000 * saving:.0f} ms saved a token pays back only after about "
+              f"{_tokens(math.ceil(cost / saving))}")
+    if start.started:
+        return (f"the assistant started after {_tokens(start.started_after)}, once the answer had run long enough: "
+                f"{prompt}; drafts came from the prompt (lookup) until then")
+    return (f"the assistant was not used: {prompt}, and when last asked the answer could be expected to run "
+            f"{_tokens(start.expected_tokens)} more (it ended after {_tokens(start.generated)}); drafts came from the "
+            "prompt (lookup) alone")
+
+
+def _tokens(n: int) -> str:
+    return "1 token" if n == 1 else f"{n:,} tokens"
 
 
 @dataclass
@@ -208,34 +239,34 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     and decoding (greedy, or sampled at this temperature and top-p) measured: each window of a recording after the
     first, and every such run after the first, drafts by measured costs from its first step instead of drafting
     blind for two. A process's first such run starts from what the last process measured (`schedule_store`)."""
-    kwargs = {}
-    if draft_source in ("assistant", "assistant_lookup"):
-        kwargs["assistant_model"] = pair.assistant.model
-        if pair.mode == "different-tokenizer":
-            kwargs.update(tokenizer=pair.target.tokenizer, assistant_tokenizer=pair.assistant.tokenizer)
-    if draft_source in ("prompt_lookup", "assistant_lookup"):
-        kwargs["prompt_lookup_num_tokens"] = settings.num_assistant_tokens
-    elif draft_source not in (None, "assistant"):
+    if draft_source not in (None, *DRAFT_SOURCES):
         raise ValueError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)} or None, got {draft_source!r}")
-    if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer":
-        kwargs["assistant_payback"] = payback_costs(pair)
-
+    assistant = pair.assistant.model if draft_source in ("assistant", "assistant_lookup") else None
+    tokenizers = ((pair.target.tokenizer, pair.assistant.tokenizer)
+                  if assistant is not None and pair.mode == "different-tokenizer" else None)
+    payback = (payback_costs(pair) if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer"
+               else None)
     key = schedule_key(draft_source, settings)
     measured = runtime(pair).schedules
 
     def one(model_inputs: dict) -> GenerationResult:
-        schedule = settings.schedule
-        if schedule == "adaptive" and draft_source is not None:
+        if settings.schedule == "adaptive" and draft_source is not None:
             if key not in measured:   # a new process: what an earlier one measured on this machine
                 stored = schedule_store.load(pair, key)
                 if stored is not None:
                     remember(measured, key, stored)
             schedule = AdaptiveSchedule(settings.num_assistant_tokens, measured=measured.get(key))
-        result = generate(pair.target.model, model_inputs, max_new_tokens=settings.max_new_tokens,
-                          do_sample=settings.do_sample, temperature=settings.temperature or 1.0, top_p=settings.top_p,
-                          seed=settings.seed, num_assistant_tokens=settings.num_assistant_tokens,
-                          num_assistant_tokens_schedule=schedule, eos_token_id=list(pair.target.eos_token_ids),
-                          on_step=on_step, max_time_s=settings.max_time_s, **kwargs)
+        else:
+            schedule = make_schedule(settings.schedule, settings.num_assistant_tokens)
+        sampler = (Sampler(settings.temperature, settings.top_p, settings.seed, device=pair.target.model.device)
+                   if settings.do_sample else None)
+        # the run's clock starts here: its setup (an encoder, the KV caches, the draft source) counts in its latency
+        target = prepare(pair.target.model, model_inputs, settings.max_new_tokens, list(pair.target.eos_token_ids))
+        source = None if draft_source is None else engine_draft_source(
+            target, assistant_model=assistant, lookup=draft_source != "assistant", tokenizers=tokenizers,
+            payback=payback)
+        result = speculative_decode(target, source, schedule, sampler, on_step=on_step,
+                                    max_time_s=settings.max_time_s)
         if isinstance(schedule, AdaptiveSchedule) and schedule.costs.known:
             # the next run's start; kept for the next process by `compare`, once judged
             remember(measured, key, schedule)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .drafting import (AssistantCandidates, AssistantWithLookupCandidates, CandidateGenerator, Draft, PaybackCosts,
+from .drafting import (AssistantCandidates, AssistantStart, AssistantWithLookupCandidates, CandidateGenerator, Draft, PaybackCosts,
                        PaybackGate, PromptLookupCandidates)
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
@@ -46,7 +46,7 @@ class GenerationResult:
     setup_s: float = 0.0                  # before the first step: encoders (Whisper's), KV caches, draft source
     prompt_steps: tuple[int, ...] = (0,)  # the steps that read a prompt: the first, or each window's first (joined)
     windows: list[dict] | None = None     # per window of a joined run: its own figures
-    assistant_start: dict | None = None   # when the assistant started and why (`drafting.PaybackGate.decision`)
+    assistant_start: AssistantStart | None = None   # when the assistant started, beside lookup (`drafting.PaybackGate`)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -98,37 +98,70 @@ def synchronized_clock(device: torch.device) -> Callable[[], float]:
     return clock
 
 
-def draft_source(model, inputs: dict, prefix: list[int], eos: set[int], *, encoder_outputs=None,
-                 assistant_model=None, prompt_lookup_num_tokens: int = 0, tokenizer=None,
-                 assistant_tokenizer=None, payback: PaybackCosts | None = None, budget: int = 0,
-                 audio_margin_s: float | None = AUDIO_MARGIN_S,
-                 target_key_values: KeyValues | None = None) -> CandidateGenerator | None:
-    """The draft source transformers' keywords ask for: `assistant_model` (with the target's tokenizer, or with its
-    own when `tokenizer` and `assistant_tokenizer` are both given), prompt lookup (`prompt_lookup_num_tokens` > 0),
-    both (the assistant, with prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or
-    none (the baseline). `encoder_outputs` are an encoder-decoder target's: an assistant reads them only where it
-    has no encoder of its own (distil-Whisper's decoder reads Whisper's encoder output) or its encoder is the
-    target's; any other runs its own (`encoders.assistant_encoder_outputs`; a Whisper assistant reads the clip plus
-    `audio_margin_s` only, `whisper_decoder.AUDIO_MARGIN_S`). An assistant reading the target's encoder output is
-    offered the target's cross-attention keys and values (`target_key_values`). With `payback` (pass costs measured on
-    this machine), an assistant with the target's tokenizer and prompt lookup starts only once its prompt pass can pay
-    back within the answer's `budget` (`drafting.PaybackGate`)."""
-    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
-        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
+@dataclass
+class Target:
+    """The target model set up for one generation (`prepare`): its cached decoder, the tokens generation continues,
+    the tokens that end it, and how many it may add."""
+    decoder: CachedDecoder
+    inputs: dict
+    prefix: list[int]
+    eos: set[int]
+    budget: int           # new tokens at most: max_new_tokens, or fewer where the model's positions end first
+    budget_stop: str      # the stop reason at the budget: "max_new_tokens" or "max_length"
+    started: float        # the clock when setting up began: setup seconds count from here
+
+    @property
+    def model(self):
+        return self.decoder.model
+
+
+@torch.inference_mode()
+def prepare(model, inputs: dict, max_new_tokens: int, eos_token_id: int | list[int] | None = None) -> Target:
+    """Set up `model` to generate up to `max_new_tokens` tokens after `inputs` (batch size 1): its encoder runs here
+    (an encoder-decoder's), and the prompt waits for the first step."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    started = synchronized_clock(model.device)()
+    prefix = decoder_prefix(model, inputs)
+    limit = max_positions(model)
+    budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
+    if budget < 1:
+        raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
+    return Target(CachedDecoder(model, inputs, prefix_length=len(prefix)), inputs, prefix,
+                  eos_token_ids(model, eos_token_id), budget,
+                  "max_new_tokens" if budget == max_new_tokens else "max_length", started)
+
+
+@torch.inference_mode()
+def draft_source(target: Target, *, assistant_model=None, lookup: bool = False, tokenizers: tuple | None = None,
+                 payback: PaybackCosts | None = None,
+                 audio_margin_s: float | None = AUDIO_MARGIN_S) -> CandidateGenerator | None:
+    """The draft source for one generation of `target`: `assistant_model` (with the target's tokenizer, or with its
+    own when `tokenizers` is (the target's, the assistant's)), prompt lookup (`lookup`), both (the assistant, with
+    prompt lookup where the context repeats itself: `AssistantWithLookupCandidates`), or none (the baseline).
+
+    An encoder-decoder assistant reads the target's encoder output only where it has no encoder of its own
+    (distil-Whisper's decoder reads Whisper's) or its encoder is the target's, and is then offered the target's
+    cross-attention keys and values; any other runs its own (`encoders.assistant_encoder_outputs`; a Whisper
+    assistant reads the clip plus `audio_margin_s` only, None: the whole window). With `payback` (pass costs measured
+    on this machine, updated in place for the next generation), an assistant with the target's tokenizer and prompt
+    lookup starts only once its prompt pass can pay back within the target's budget (`drafting.PaybackGate`)."""
     if assistant_model is None:
-        return PromptLookupCandidates() if prompt_lookup_num_tokens > 0 else None
+        return PromptLookupCandidates() if lookup else None
+    model, inputs, prefix, eos = target.model, target.inputs, target.prefix, target.eos
     gate = None
-    if tokenizer is None:
+    if tokenizers is None:
+        encoder_outputs = target.decoder.encoder_outputs
         own = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
-        shared = target_key_values if own is encoder_outputs else None
+        shared = target.decoder.cross_key_values if own is encoder_outputs else None
         source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
                                                    encoder_outputs=own, assistant=True, target_key_values=shared), eos)
         if payback is not None:
-            gate = PaybackGate(source.prefill, payback, budget, synchronized_clock(model.device))
+            gate = PaybackGate(source.prefill, payback, target.budget, synchronized_clock(model.device))
     else:
-        source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, tokenizer,
-                                             assistant_tokenizer, audio_margin_s=audio_margin_s)
-    return AssistantWithLookupCandidates(source, eos, gate=gate) if prompt_lookup_num_tokens > 0 else source
+        source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, *tokenizers,
+                                             audio_margin_s=audio_margin_s)
+    return AssistantWithLookupCandidates(source, eos, gate=gate) if lookup else source
 
 
 def decoder_prefix(model, inputs: dict) -> list[int]:
@@ -178,59 +211,43 @@ def generate(model, inputs: dict, *, assistant_model=None, prompt_lookup_num_tok
              max_time_s: float | None = None, candidate_generator: CandidateGenerator | None = None,
              tokenizer=None, assistant_tokenizer=None, assistant_payback: PaybackCosts | None = None,
              assistant_audio_margin_s: float | None = AUDIO_MARGIN_S) -> GenerationResult:
-    """Generate up to `max_new_tokens` tokens for one sequence (batch size 1), with transformers' keyword names.
+    """Generate up to `max_new_tokens` tokens for one sequence (batch size 1), with transformers' keyword names: a
+    thin wrapper that sets up the target (`prepare`), builds the draft source (`draft_source`) and runs the loop
+    (`speculative_decode`).
 
-    Drafts come from `assistant_model` (with the target's tokenizer, or with its own when `tokenizer` and
-    `assistant_tokenizer` are both given), from prompt lookup (`prompt_lookup_num_tokens` > 0, which is then also
-    the window), from both (an assistant and `prompt_lookup_num_tokens` > 0: lookup where the context repeats
-    itself, the assistant elsewhere), from an explicit `candidate_generator`, or from nowhere (the baseline). The
-    schedule is a name from `schedules.SCHEDULES` or a schedule object. With both an assistant (same tokenizer) and
-    prompt lookup, `assistant_payback` (costs measured on this machine, updated in place for the next generation)
-    starts the assistant only once its prompt pass can pay back; the result's `assistant_start` says when and why.
-    A Whisper assistant with its own encoder runs it over the clip's own frames plus `assistant_audio_margin_s`
-    (None: the whole window); one that reads the target's encoder output attends to all of it.
-    This builds the parts; `speculative_decode` runs them.
+    Drafts come from `assistant_model` (with its own tokenizer when `tokenizer` and `assistant_tokenizer` are both
+    given), from prompt lookup (`prompt_lookup_num_tokens` > 0, which is then also the window), from both, from an
+    explicit `candidate_generator`, or from nowhere (the baseline). The schedule is a name from `schedules.SCHEDULES`
+    or a schedule object. `assistant_payback` and `assistant_audio_margin_s` are `draft_source`'s `payback` and
+    `audio_margin_s`; the result's `assistant_start` says when the assistant started beside lookup.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if candidate_generator is not None and (assistant_model is not None or prompt_lookup_num_tokens > 0):
         raise ValueError("pass candidate_generator alone, without assistant_model or prompt_lookup_num_tokens")
-    started = synchronized_clock(model.device)()
-    prefix = decoder_prefix(model, inputs)
-    eos = eos_token_ids(model, eos_token_id)
-    limit = max_positions(model)
-    budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
-    if budget < 1:
-        raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
-    target = CachedDecoder(model, inputs, prefix_length=len(prefix))
+    if assistant_model is not None and (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass both tokenizer and assistant_tokenizer for an assistant with another tokenizer")
+    target = prepare(model, inputs, max_new_tokens, eos_token_id)
     source = candidate_generator if candidate_generator is not None else draft_source(
-        model, inputs, prefix, eos, encoder_outputs=target.encoder_outputs, assistant_model=assistant_model,
-        prompt_lookup_num_tokens=prompt_lookup_num_tokens, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
-        payback=assistant_payback, budget=budget, audio_margin_s=assistant_audio_margin_s,
-        target_key_values=target.cross_key_values)
+        target, assistant_model=assistant_model, lookup=prompt_lookup_num_tokens > 0,
+        tokenizers=None if tokenizer is None else (tokenizer, assistant_tokenizer), payback=assistant_payback,
+        audio_margin_s=assistant_audio_margin_s)
     window = prompt_lookup_num_tokens if assistant_model is None and prompt_lookup_num_tokens else num_assistant_tokens
     schedule = (make_schedule(num_assistant_tokens_schedule, window)
                 if isinstance(num_assistant_tokens_schedule, str) else num_assistant_tokens_schedule)
     sampler = Sampler(temperature, top_p, seed, device=model.device) if do_sample else None
-    result = speculative_decode(target, prefix, eos, source, schedule, sampler, budget, on_step=on_step,
-                                max_time_s=max_time_s, started=started,
-                                stop_reason="max_new_tokens" if budget == max_new_tokens else "max_length")
-    gate = source.gate if isinstance(source, AssistantWithLookupCandidates) else None
-    if gate is not None:
-        result.assistant_start = gate.decision(len(result.new_tokens))
-    return result
+    return speculative_decode(target, source, schedule, sampler, on_step=on_step, max_time_s=max_time_s)
 
 
-def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], source: CandidateGenerator | None,
-                       schedule: WindowSchedule, sampler: Sampler | None, budget: int, *,
-                       on_step: Callable[[Step], None] | None = None, max_time_s: float | None = None,
-                       started: float | None = None, stop_reason: str = "max_new_tokens") -> GenerationResult:
+@torch.inference_mode()
+def speculative_decode(target: Target, source: CandidateGenerator | None, schedule: WindowSchedule,
+                       sampler: Sampler | None, *, on_step: Callable[[Step], None] | None = None,
+                       max_time_s: float | None = None) -> GenerationResult:
     """The loop: draft, verify in one target pass, keep the agreeing prefix and the target's own token, repeat until
-    EOS, `budget` new tokens, or `max_time_s`. With no draft source every step is one plain decoding step."""
-    clock = synchronized_clock(target.device)
-    started = clock() if started is None else started
+    EOS, the target's budget of new tokens, or `max_time_s`. With no draft source every step is one plain decoding
+    step. `sampler` None: greedy."""
+    clock = synchronized_clock(target.model.device)
+    started, eos, budget, stop_reason = target.started, target.eos, target.budget, target.budget_stop
     setup_s = clock() - started
-    tokens, new_tokens, steps = list(prefix), [], []
+    tokens, new_tokens, steps = list(target.prefix), [], []
     while len(new_tokens) < budget:
         # 1. Draft: never more candidates than the budget has room for beyond the target's own token. The schedule
         #    may stop drafting early, judged by the draft model's confidence so far, and with greedy drafts withhold
@@ -246,7 +263,7 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
         candidates = draft.tokens[:min(k, verify)]
         t1 = clock()
         # 2. Verify: one target pass scores every candidate position and the one after them.
-        logits = target.logits(tokens + candidates, keep=len(candidates) + 1)
+        logits = target.decoder.logits(tokens + candidates, keep=len(candidates) + 1)
         if sampler is None:
             accepted, next_token = accept_greedy(candidates, logits)
         else:
@@ -264,6 +281,8 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
                     len(draft.tokens) - len(candidates))
         steps.append(step)
         schedule.update(len(candidates), accepted, step.draft_s, step.verify_s, draft.confidences)
+        if source is not None:
+            source.update(len(emitted), step.draft_s, step.verify_s)
         if on_step is not None:
             on_step(step)
         if stop_reason == "eos":
@@ -271,5 +290,7 @@ def speculative_decode(target: CachedDecoder, prefix: list[int], eos: set[int], 
         if max_time_s is not None and clock() - started > max_time_s and len(new_tokens) < budget:
             stop_reason = "max_time"
             break
-    return GenerationResult(new_tokens, steps, target.passes, source.passes if source is not None else 0,
-                            clock() - started, stop_reason, setup_s)
+    gate = source.gate if isinstance(source, AssistantWithLookupCandidates) else None
+    return GenerationResult(new_tokens, steps, target.decoder.passes, source.passes if source is not None else 0,
+                            clock() - started, stop_reason, setup_s,
+                            assistant_start=None if gate is None else gate.decision(len(new_tokens)))

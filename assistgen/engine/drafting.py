@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Protocol
 
 import torch
@@ -25,6 +26,10 @@ class CandidateGenerator(Protocol):
                        keep_drafting: Callable[[list[float]], bool] | None = None) -> Draft:
         """Up to `num_candidates` tokens to follow `tokens`. A source with confidences asks `keep_drafting` (given
         the confidences so far) after each token whether to draft another."""
+        ...
+
+    def update(self, emitted: int, draft_s: float, verify_s: float) -> None:
+        """After each step: the tokens it emitted, and its measured seconds of drafting and of the target's pass."""
         ...
 
 
@@ -64,6 +69,9 @@ class AssistantCandidates:
                 break
         return Draft(candidates, torch.stack(probs) if probs else None, confidences)
 
+    def update(self, emitted, draft_s, verify_s):
+        pass
+
 
 class PromptLookupCandidates:
     """Model-free drafts (prompt lookup decoding): find the latest earlier occurrence of the sequence's last n-gram
@@ -76,6 +84,9 @@ class PromptLookupCandidates:
 
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         return Draft(lookup_continuation(tokens, num_candidates, min_ngram=1, max_ngram=self.max_ngram_size))
+
+    def update(self, emitted, draft_s, verify_s):
+        pass
 
 
 def lookup_continuation(tokens: list[int], limit: int, *, min_ngram: int = 2, max_ngram: int = 4) -> list[int]:
@@ -172,9 +183,12 @@ class AssistantWithLookupCandidates:
                 probs = torch.cat([probs, one_hot])
             draft = Draft(draft.tokens + more, probs, confidences)
         self._last = (len(tokens), draft.tokens, start)
-        if self.gate is not None:
-            self.gate.end()
         return draft
+
+    def update(self, emitted, draft_s, verify_s):
+        self.assistant.update(emitted, draft_s, verify_s)
+        if self.gate is not None:
+            self.gate.update(emitted, draft_s, verify_s)
 
 
 # Before this machine has measured them: how many tokens an answer is taken to run before it has shown its length,
@@ -229,13 +243,54 @@ class PaybackCosts:
         return share * lookup_s
 
 
+@dataclass(frozen=True)
+class AssistantStart:
+    """When the assistant started beside prompt lookup, and the figures the gate decided on (`PaybackGate`)."""
+    prompt_tokens: int | None
+    started_after: int | None            # tokens generated when the assistant started; None: it never did
+    generated: int                       # the answer's length
+    assistant_prompt_s: float | None = None   # its prompt pass, as measured, once it started
+    assistant_prompt_tokens: int | None = None
+    # the last refusal: the estimated prompt pass, the seconds the assistant saves a token, and the tokens the answer
+    # could still be expected to run; None when the gate never refused on a priced pass
+    estimated_prompt_s: float | None = None
+    estimated_prompt_tokens: int | None = None
+    saving_per_token_s: float | None = None
+    expected_tokens: int | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.started_after is not None
+
+    @property
+    def refused(self) -> bool:
+        return self.estimated_prompt_s is not None
+
+    @property
+    def break_even_tokens(self) -> int | None:
+        """Tokens of saving that pay back the estimated prompt pass."""
+        return None if not self.refused else math.ceil(self.estimated_prompt_s / self.saving_per_token_s)
+
+    def to_dict(self) -> dict:
+        out = {"prompt_tokens": self.prompt_tokens, "started_after": self.started_after}
+        if self.assistant_prompt_s is not None:
+            out.update(assistant_prompt_s=round(self.assistant_prompt_s, 4),
+                       assistant_prompt_tokens=self.assistant_prompt_tokens)
+        if self.refused:
+            out.update(estimated_prompt_s=round(self.estimated_prompt_s, 4),
+                       estimated_prompt_tokens=self.estimated_prompt_tokens,
+                       saving_per_token_s=round(self.saving_per_token_s, 5),
+                       break_even_tokens=self.break_even_tokens, expected_tokens=self.expected_tokens)
+        return out
+
+
 class PaybackGate:
     """Whether to pay the assistant's prompt pass yet: only once the tokens the answer can still be expected to run
     (as many as it has run so far, at most what the budget leaves; at least `PRIOR_ANSWER_TOKENS` where that pass
     costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from
-    lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`). Every figure is
-    measured with `clock` around the draft calls: the time from one draft call's end to the next one's start is the
-    target's pass."""
+    lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`, timed with
+    `clock`). The decoding loop feeds every step's measured seconds through `update`: the first step's target pass
+    read the prompt, the later ones price lookup-only and assisted decoding."""
 
     def __init__(self, prefill: Callable[[list[int]], None], costs: PaybackCosts, budget: int,
                  clock: Callable[[], float]):
@@ -247,38 +302,36 @@ class PaybackGate:
         self.refused: tuple[float, int, float, int] | None = None
         self._prompt_s: float | None = None                # this generation's target prompt pass, per token
         self._lookup, self._assisted = Rate(), Rate()      # this generation's own steps
-        self._call: tuple[int, float, bool] = (0, 0.0, False)    # this call: (length, start, started before it)
-        self._spent = 0.0                                  # seconds of this call spent on the assistant's prompt
-        self._last: tuple[int, float, float, bool] | None = None  # last call: (length, end, drafting s, started)
+        self._step_started: bool | None = None             # whether the assistant had started when this step's draft
+                                                           # call began; None: no draft call this step
+        self._spent = 0.0                                  # seconds of this step spent on the assistant's prompt
 
     @property
     def started(self) -> bool:
         return self.started_after is not None
 
     def begin(self, tokens: list[int]) -> None:
-        """At the start of each draft call: what the target's pass since the last one cost, for how many tokens."""
-        now = self.clock()
+        """At the start of each step's draft call."""
         if self.prompt_tokens is None:
             self.prompt_tokens = len(tokens)
-        elif self._last is not None:
-            length, end, draft_s, started = self._last
-            if self._prompt_s is None:   # the first target pass read the prompt
-                self._prompt_s = self.costs.target_prompt_s = (now - end) / self.prompt_tokens
-                if self.assistant_prompt is not None:
-                    seconds, count = self.assistant_prompt
-                    self.costs.assistant_over_target = seconds / count / self._prompt_s
-            else:
-                for rate in (self._assisted,) if started else (self._lookup, self.costs.lookup):
-                    rate.add(draft_s + now - end, len(tokens) - length)
-                if self._lookup.value and self._assisted.value:
-                    self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
-        self._call, self._spent = (len(tokens), now, self.started), 0.0
+        self._step_started, self._spent = self.started, 0.0
 
-    def end(self) -> None:
-        """At the end of each draft call."""
-        length, begun, started = self._call
-        end = self.clock()
-        self._last = (length, end, end - begun - self._spent, started)
+    def update(self, emitted: int, draft_s: float, verify_s: float) -> None:
+        """After each step: its `emitted` tokens and measured seconds of drafting and of the target's pass. A step
+        without a draft call (the budget's last token) prices neither kind."""
+        started, self._step_started = self._step_started, None
+        if started is None:
+            return
+        if self._prompt_s is None:   # the first target pass read the prompt
+            self._prompt_s = self.costs.target_prompt_s = verify_s / self.prompt_tokens
+            if self.assistant_prompt is not None:
+                seconds, count = self.assistant_prompt
+                self.costs.assistant_over_target = seconds / count / self._prompt_s
+            return
+        for rate in (self._assisted,) if started else (self._lookup, self.costs.lookup):
+            rate.add(draft_s - self._spent + verify_s, emitted)
+        if self._lookup.value and self._assisted.value:
+            self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
 
     def ready(self, tokens: list[int]) -> bool:
         """Whether the assistant drafts this step: started already, or starting now because it pays. Its prompt pass
@@ -312,41 +365,9 @@ class PaybackGate:
         self.refused = (cost, len(tokens), saving, expected)
         return False
 
-    def decision(self, generated: int) -> dict:
-        """When the assistant started and why, as values and in words (`generated`: the answer's length)."""
-        out = {"prompt_tokens": self.prompt_tokens, "started_after": self.started_after, "reason": None}
-        if self.assistant_prompt is not None:
-            out["assistant_prompt_s"], out["assistant_prompt_tokens"] = round(self.assistant_prompt[0], 4), \
-                self.assistant_prompt[1]
-        if self.refused is not None:
-            cost, count, saving, expected = self.refused
-            out.update(estimated_prompt_s=round(cost, 4), estimated_prompt_tokens=count,
-                       saving_per_token_s=round(saving, 5), break_even_tokens=math.ceil(cost / saving),
-                       expected_tokens=expected)
-        out["reason"] = self._reason(generated, out)
-        return out
-
-    def _reason(self, generated: int, out: dict) -> str | None:
-        if self.started_after == 0:
-            return None
-        if self.refused is None:   # waited only for this machine's first measurements
-            return ((f"the assistant started after {_tokens(self.started_after)}" if self.started else
-                     "the assistant was not used") +
-                    ": its prompt pass could not be priced until the target's passes on this machine were measured; "
-                    "drafts came from the prompt (lookup) until then")
-        cost, count = self.assistant_prompt if self.started else (out["estimated_prompt_s"],
-                                                                   out["estimated_prompt_tokens"])
-        saving = out["saving_per_token_s"]
-        prompt = (f"its prompt pass ({'' if self.started else 'about '}{cost:.1f} s for {count:,} tokens) against "
-                  f"about {1000 * saving:.0f} ms saved a token pays back only after about "
-                  f"{_tokens(math.ceil(cost / saving))}")
-        if self.started:
-            return (f"the assistant started after {_tokens(self.started_after)}, once the answer had run long enough: "
-                    f"{prompt}; drafts came from the prompt (lookup) until then")
-        return (f"the assistant was not used: {prompt}, and when last asked the answer could be expected to run "
-                f"{_tokens(out['expected_tokens'])} more (it ended after {_tokens(generated)}); drafts came from the "
-                "prompt (lookup) alone")
-
-
-def _tokens(n: int) -> str:
-    return "1 token" if n == 1 else f"{n:,} tokens"
+    def decision(self, generated: int) -> AssistantStart:
+        """When the assistant started, and on what figures (`generated`: the answer's length)."""
+        seconds, count = self.assistant_prompt or (None, None)
+        cost, tokens, saving, expected = self.refused or (None, None, None, None)
+        return AssistantStart(self.prompt_tokens, self.started_after, generated, seconds, count, cost, tokens, saving,
+                              expected)

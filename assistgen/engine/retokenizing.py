@@ -34,6 +34,9 @@ class DifferentTokenizerCandidates:
     def passes(self) -> int:
         return self.assistant.passes
 
+    def update(self, emitted, draft_s, verify_s):
+        pass
+
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         generated = tokens[self.target_prefix_length:]
         text = self.target_tokenizer.decode(generated, skip_special_tokens=True)

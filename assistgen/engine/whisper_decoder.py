@@ -34,7 +34,7 @@ from .fusing import fused_qkv
 # An assistant with its own encoder runs it over a Whisper clip's own frames plus this much, not the 30 s of padding
 # around a short clip (whisper.cpp's audio_ctx; `clip_encoder_outputs`): its encoder's cost grows with its length.
 # The target decides every token, so this changes how often drafts are accepted, never the transcript.
-# `decoding.generate(assistant_audio_margin_s=None)` runs it over the whole window. An assistant that reads the
+# `decoding.draft_source(audio_margin_s=None)` runs it over the whole window. An assistant that reads the
 # target's encoder output attends to all of it, as the target does: cutting it to the clip saved base's int8 decoder
 # about 1 ms a draft and 15 ms at its start, but where the model hesitates (other languages, synthetic voices) its
 # drafts then agreed far less often (docs/history.md).

@@ -38,8 +38,8 @@ import torch
 import transformers
 
 from ..choices import DRAFT_SOURCE_NAMES, SCHEDULE_NAMES, TEMPERATURE_RULE, TEXT_TASKS, temperature_allowed
-from ..comparison.compare import (cost_ratio, effective_draft_source, first_inputs, run_generation,
-                                  target_numerics, time_breakdown, warm_up)
+from ..comparison.compare import (assistant_start_reason, cost_ratio, effective_draft_source, first_inputs,
+                                  run_generation, target_numerics, time_breakdown, warm_up)
 from ..comparison import schedule_store
 from ..comparison.request import Settings, build_request, request_inputs, request_settings
 from ..comparison.acceptance import acceptance
@@ -250,8 +250,8 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
                    verifying_s=t["verifying_s"], s_per_pass=t["s_per_pass"],
                    acceptance=acceptance(result.steps).to_dict())
         if result.assistant_start is not None:
-            row.update(assistant_started_after=result.assistant_start["started_after"],
-                       assistant_start_reason=result.assistant_start["reason"])
+            row.update(assistant_started_after=result.assistant_start.started_after,
+                       assistant_start_reason=assistant_start_reason(result.assistant_start))
     if result is not None and config is not BASELINE:
         c = cost_ratio(baseline["result"], result)
         row.update(cost_ratio=None if c is None else round(c, 4))

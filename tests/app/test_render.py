@@ -135,8 +135,12 @@ def test_the_page_says_in_words_when_the_assistant_started_late_or_not_at_all():
                              "identical": True, "settings": {"temperature": 0.0}, "speedup": 1.0,
                              "identical_note": "identical", "draft_source": "assistant_lookup",
                              "mode": "same-tokenizer", "warnings": [], "mode_reason": ""})
+    from assistgen.engine.drafting import AssistantStart
+    refused = AssistantStart(1800, None, 2, estimated_prompt_s=1.9, estimated_prompt_tokens=1800,
+                             saving_per_token_s=0.02, expected_tokens=2)
     reason = ("the assistant was not used: its prompt pass (about 1.9 s for 1,800 tokens) against about 20 ms saved "
-              "a token pays back only after about 95 tokens, and the answer ended after 2 tokens")
-    assert f"<b>Assistant:</b> {reason}." in page({"started_after": None, "reason": reason})
-    assert "ag-assistant-start" not in page({"started_after": 0, "reason": None})
+              "a token pays back only after about 95 tokens, and when last asked the answer could be expected to run "
+              "2 tokens more (it ended after 2 tokens); drafts came from the prompt (lookup) alone")
+    assert f"<b>Assistant:</b> {reason}." in page(refused)
+    assert "ag-assistant-start" not in page(AssistantStart(12, 0, 2, 0.1, 12))
     assert "ag-assistant-start" not in page(None)

@@ -81,6 +81,9 @@ class Oracle:
     def __init__(self, prefix, continuation):
         self.prefix, self.continuation = prefix, continuation
 
+    def update(self, emitted, draft_s, verify_s):
+        pass
+
     def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
         done = len(tokens) - self.prefix
         return Draft(self.continuation[done:done + num_candidates])

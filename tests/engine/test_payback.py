@@ -8,6 +8,7 @@ import torch
 
 import helpers as tm
 from assistgen import generate
+from assistgen.comparison.compare import assistant_start_reason
 from assistgen.engine import decoding, drafting, kv
 
 TARGET_PASS_S, TARGET_TOKEN_S = 0.05, 0.01          # a target pass over n new tokens: 0.05 + 0.01 n seconds
@@ -73,12 +74,13 @@ def test_a_long_prompt_with_a_short_answer_never_pays_the_assistants_prompt_pass
     assert run.new_tokens == baseline.new_tokens
     assert run.assistant_passes == 0
     decision = run.assistant_start
-    assert decision["started_after"] is None and decision["prompt_tokens"] == 150
-    assert decision["break_even_tokens"] > 10
-    assert decision["reason"].startswith("the assistant was not used: its prompt pass (about ")
+    assert decision.started_after is None and decision.prompt_tokens == 150
+    assert decision.break_even_tokens > 10
+    reason = assistant_start_reason(decision)
+    assert reason.startswith("the assistant was not used: its prompt pass (about ")
     # what the gate weighed the pass against when it last said no: never more than the budget left
-    assert 0 < decision["expected_tokens"] < decision["break_even_tokens"]
-    assert f"could be expected to run {decision['expected_tokens']} token" in decision["reason"]
+    assert 0 < decision.expected_tokens < decision.break_even_tokens
+    assert f"could be expected to run {decision.expected_tokens} token" in reason
 
 
 def test_a_long_prompt_with_a_long_answer_starts_the_assistant_once_it_pays_back(clock):
@@ -88,9 +90,10 @@ def test_a_long_prompt_with_a_long_answer_starts_the_assistant_once_it_pays_back
     baseline = generate(target, inputs, max_new_tokens=100)
     run = assisted(target, assistant, inputs, 100, costs)
     assert run.new_tokens == baseline.new_tokens
-    started = run.assistant_start["started_after"]
+    started = run.assistant_start.started_after
     assert 10 < started < 60
-    assert run.assistant_start["reason"].startswith(f"the assistant started after {started} tokens, once the answer")
+    assert assistant_start_reason(run.assistant_start).startswith(
+        f"the assistant started after {started} tokens, once the answer")
     steps_after = [s for s in run.steps if sum(len(t.emitted) for t in run.steps[:run.steps.index(s)]) > started]
     assert sum(s.accepted for s in steps_after) > 40   # its drafts were verified and kept
     assert run.latency_s < baseline.latency_s           # simulated seconds: it paid back
@@ -103,7 +106,7 @@ def test_a_short_prompt_gets_the_assistant_from_the_first_step_once_costs_are_me
     baseline = generate(target, inputs, max_new_tokens=30)
     run = assisted(target, assistant, inputs, 30, costs)
     assert run.new_tokens == baseline.new_tokens
-    assert run.assistant_start["started_after"] == 0 and run.assistant_start["reason"] is None
+    assert run.assistant_start.started_after == 0 and assistant_start_reason(run.assistant_start) is None
     assert run.steps[0].accepted > 0
 
 
@@ -112,8 +115,8 @@ def test_the_first_generation_waits_for_its_measurements_and_says_so(clock):
     inputs = prompt(20, seed=4)
     run = assisted(target, assistant, inputs, 30, drafting.PaybackCosts(assistant_over_target=0.3))
     assert run.new_tokens == generate(target, inputs, max_new_tokens=30).new_tokens
-    assert 0 < run.assistant_start["started_after"] <= 3
-    assert "could not be priced until" in run.assistant_start["reason"]
+    assert 0 < run.assistant_start.started_after <= 3
+    assert "could not be priced until" in assistant_start_reason(run.assistant_start)
 
 
 def test_sampling_with_a_late_assistant_runs_and_matches_itself(clock):
@@ -123,7 +126,7 @@ def test_sampling_with_a_late_assistant_runs_and_matches_itself(clock):
                      do_sample=True, temperature=0.8, seed=3, assistant_payback=copy.deepcopy(costs))
             for _ in range(2)]
     assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 60
-    assert runs[0].assistant_start["started_after"] > 0
+    assert runs[0].assistant_start.started_after > 0
 
 
 def test_the_prior_answer_length_is_a_bet_only_on_a_cheap_prompt_pass(clock):
@@ -140,7 +143,7 @@ def test_the_prior_answer_length_is_a_bet_only_on_a_cheap_prompt_pass(clock):
     baseline = generate(target, inputs, max_new_tokens=30)
     run = assisted(target, assistant, inputs, 30, copy.deepcopy(costs))
     assert run.new_tokens == baseline.new_tokens
-    started = run.assistant_start["started_after"]
+    started = run.assistant_start.started_after
     assert started is not None and started * saving >= 0.8 * estimate   # it waited for the answer to pay, roughly
     short = assisted(target, assistant, inputs, started - 1, copy.deepcopy(costs))
-    assert short.assistant_passes == 0 and short.assistant_start["started_after"] is None
+    assert short.assistant_passes == 0 and short.assistant_start.started_after is None
