@@ -1,13 +1,17 @@
 """What the tests share: tiny random models built in-process (seeded), a catalog of them with real tokenizer files,
-a tiny GGUF writer, and speech made with espeak-ng and sox."""
+a tiny GGUF writer, speech made with espeak-ng and sox, and a record of the comparisons a service runs, step by
+step."""
 from __future__ import annotations
 
 import copy
 import os
 import socket
 import subprocess
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -416,3 +420,92 @@ def runaway(model, eos, delay_s: float, calls: list | None = None):
         time.sleep(delay_s)
         return out
     return patched
+
+
+# --- waiting on events and counts -----------------------------------------------------------------------------------
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str | Callable[[], str]) -> None:
+    """Poll `condition` until it holds; fail, saying what was awaited (`what`, or what it returns then), once
+    `timeout_s` have passed without it."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:.0f} s for {what() if callable(what) else what}", pytrace=False)
+        time.sleep(0.01)
+
+
+def wait_for_model_thread(service, timeout_s: float = 60.0, busy: Callable[[], str] | None = None) -> None:
+    """Return once `service`'s model thread has run every job queued before this call (a comparison's work
+    included, however it ends); fail after `timeout_s`, saying what kept it busy (`busy()`) where the caller knows."""
+    done = threading.Event()
+    service.model_thread.submit(done.set)
+    if not done.wait(timeout_s):
+        pytest.fail(f"the model thread was still busy after {timeout_s:.0f} s" + (f": {busy()}" if busy else ""),
+                    pytrace=False)
+
+
+@dataclass(eq=False)
+class RecordedRun:
+    """One comparison a service streamed: its decoding steps so far (baseline and assisted alike), and the steps it
+    had made when its stream was closed (the page's Stop, a page or client gone), if it was."""
+    key: str                                    # the request's text (or audio file)
+    steps: int = 0
+    steps_at_close: int | None = None
+    closed: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)   # lets a held run go on
+
+
+class RecordedRuns:
+    """Every comparison `service.stream` runs while patched (through `monkeypatch`), counted step by step through the
+    stream's own `on_step` hook, which runs on the model thread after each decoding step.
+
+    `hold` maps a request's text to a step count: such a run waits on the model thread after that many steps until
+    its stream is closed (at most `hold_s`), so it has written something by then and cannot end on its own before it
+    is stopped, however fast or slow the machine."""
+
+    def __init__(self, service, monkeypatch, *, hold: dict[str, int] | None = None, hold_s: float = 60.0):
+        self.service, self.runs = service, []
+        real_stream = service.stream
+
+        def recorded(task, pair_name, **kwargs):
+            run = RecordedRun(str(kwargs.get("text") or kwargs.get("audio") or ""))
+            held_at = (hold or {}).get(run.key)
+            chained = kwargs.pop("on_step", None)
+
+            def on_step(step) -> None:
+                run.steps += 1
+                if chained is not None:
+                    chained(step)
+                if held_at is not None and run.steps >= held_at:
+                    run.released.wait(hold_s)
+            self.runs.append(run)
+            try:
+                yield from real_stream(task, pair_name, on_step=on_step, **kwargs)
+            except GeneratorExit:   # the service's stream is closed by now: what the run does next is after its stop
+                run.steps_at_close = run.steps
+                run.closed.set()
+                run.released.set()
+                raise
+        monkeypatch.setattr(service, "stream", recorded)
+
+    def run(self, key: str, *, steps: int = 1, timeout_s: float = 60.0) -> RecordedRun:
+        """The run of the request with text `key`, once it has made `steps` steps (the first such run)."""
+        def found() -> RecordedRun | None:
+            return next((r for r in self.runs if r.key == key and r.steps >= steps), None)
+        wait_until(lambda: found() is not None, timeout_s,
+                   lambda: f"the comparison of {key!r} to make {steps} steps (seen: "
+                           f"{[(r.key, r.steps) for r in self.runs]})")
+        return found()
+
+    def assert_stopped(self, run: RecordedRun, *, timeout_s: float = 30.0) -> None:
+        """`run`'s stream was closed, and once the model thread is idle the run has made no step after that but the
+        one in flight: it stopped at its next step instead of running on."""
+        if not run.closed.wait(timeout_s):
+            run.released.set()
+            pytest.fail(f"the stream of the comparison of {run.key!r} was not closed within {timeout_s:.0f} s of "
+                        f"its stop (it had made {run.steps} steps)", pytrace=False)
+        wait_for_model_thread(self.service, busy=lambda: f"the comparison of {run.key!r} ran on for "
+                              f"{run.steps - run.steps_at_close} steps after its stream was closed")
+        assert run.steps - run.steps_at_close <= 1, (
+            f"the comparison of {run.key!r} ran on for {run.steps - run.steps_at_close} steps after its stream was "
+            "closed")

@@ -8,7 +8,7 @@ from assistgen.comparison.compare import Settings, compare
 from assistgen.models.availability import pair_availability
 from assistgen.comparison.speech import asr_inputs
 from assistgen.comparison.tasks import text_inputs
-from helpers import free_port, speech_wav
+from helpers import RecordedRuns, free_port, speech_wav
 
 pytestmark = pytest.mark.offline_models
 CHAT = "qwen2.5-coder-1.5b-w8a8+0.5b-int8"  # the text tasks' default pair on a CPU
@@ -211,30 +211,21 @@ def test_a_bitsandbytes_int8_target_runs_and_says_what_identical_means_for_it(re
 
 
 def test_a_cancelled_compare_job_frees_the_worker_for_the_next_at_once(real_app, real_service, monkeypatch):
-    """On the real default pair: a /compare job cancelled mid-run stops within a few target passes, and the next job
-    runs instead of waiting for the hundreds of passes the first had left (counted in passes, not seconds)."""
-    import time
-
+    """On the real default pair: a /compare job cancelled mid-run stops at its next step (held after its tenth until
+    then, it cannot end on its own first), and the next job runs at once and completes (counted in steps, not
+    seconds)."""
     from gradio_client import Client
     client = Client(real_app, verbose=False)
-    head = real_service.pool.pair(CHAT).target.model.lm_head   # one call a target pass, whichever loop runs it
-    passes, forward = [], head.forward
-    monkeypatch.setattr(head, "forward", lambda *args, **kwargs: passes.append(1) or forward(*args, **kwargs))
-    started, real_stream = {}, real_service.stream
-
-    def recorded_stream(task, pair_name, **kwargs):
-        started[kwargs["text"]] = len(passes)   # the target passes run before this job began
-        yield from real_stream(task, pair_name, **kwargs)
-    monkeypatch.setattr(real_service, "stream", recorded_stream)
-    long = client.submit(task="chat", pair=CHAT, text="Write a long essay on the history of computing.", audio=None,
-                         max_new_tokens=512, temperature=0, draft_source="assistant", api_name="/compare")
-    while "Write a long essay on the history of computing." not in started or len(passes) < started[
-            "Write a long essay on the history of computing."] + 10:
-        assert not long.done(), long.exception()
-        time.sleep(0.1)
+    essay = "Write a long essay on the history of computing."
+    real_service.pool.pair(CHAT)   # loaded (once, from the cache) before the waits below, which count its steps
+    runs = RecordedRuns(real_service, monkeypatch, hold={essay: 10})
+    long = client.submit(task="chat", pair=CHAT, text=essay, audio=None, max_new_tokens=512, temperature=0,
+                         draft_source="assistant", api_name="/compare")
+    run = runs.run(essay, steps=10, timeout_s=300)   # its warm-up and the first speed probe first
+    assert not long.done()
     long.cancel()
-    at_cancel = len(passes)
-    result = client.predict(task="chat", pair=CHAT, text="def add(a, b):", audio=None, max_new_tokens=8,
-                            temperature=0, draft_source="assistant", api_name="/compare")
+    runs.assert_stopped(run, timeout_s=60)
+    result = client.submit(task="chat", pair=CHAT, text="def add(a, b):", audio=None, max_new_tokens=8,
+                           temperature=0, draft_source="assistant", api_name="/compare").result(timeout=300)
     assert result["identical"]
-    assert started["def add(a, b):"] - at_cancel < 20   # the long run, with hundreds of passes left, stopped at once
+    assert run.steps == run.steps_at_close   # the long run, with hundreds of passes left, ran nothing behind it

@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from helpers import runaway
+from helpers import RecordedRuns, runaway
 
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api")   # every test here drives the browser
@@ -87,13 +87,14 @@ def test_an_open_page_asks_for_no_frames_for_status_timers(browser, tiny_app):
 @pytest.mark.parametrize("leave", ["stop", "close the page"])
 def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(browser, tiny_app, monkeypatch,
                                                                                  leave):
+    """Each run is held after its third step until its stream is closed, so it cannot end on its own before the Stop
+    or the page's close, however slow the machine; once closed, it makes no step but the one in flight."""
     url, service = tiny_app
     pair = service.pool.pair("tiny-text")
-    calls = []
-    monkeypatch.setattr(pair.target.model, "forward",
-                        runaway(pair.target.model, pair.target.eos_token_ids, 0.02, calls))
+    monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.0))
     settings = service.settings
     monkeypatch.setattr(service, "settings", lambda name, **kw: settings(name, **{**kw, "max_new_tokens": 1024}))
+    runs = RecordedRuns(service, monkeypatch, hold={"tell me a long story": 3})
     page = browser.new_page()
     page.goto(url)
     page.locator("#input-chat textarea").fill("tell me a long story")
@@ -115,11 +116,9 @@ def test_stop_or_leaving_the_page_ends_the_run_and_the_next_run_starts_at_once(b
         page.get_by_text("stopped").first.wait_for(timeout=10_000)
     else:
         page.close()
-    service.model_thread.call(lambda: None)   # waits for the run, however it ends
-    # one run's baseline alone would take a target pass per token up to the model's length; the runs stopped long
-    # before
-    budget = pair.target.model.config.max_position_embeddings
-    assert 0 < len(calls) < budget, len(calls)
+    assert len(runs.runs) == (2 if leave == "stop" else 1)
+    for run in runs.runs:
+        runs.assert_stopped(run)
     monkeypatch.undo()
     page = page if leave == "stop" else browser.new_page()
     if leave != "stop":

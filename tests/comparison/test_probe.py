@@ -1,10 +1,11 @@
 """Figures that know when they can't be trusted: a fault hook slows the target during one run only, and the speed
-probes around the runs must catch it; with nothing injected, no warning. No wall-clock time is asserted: the hook
-sets each pass's duration, and the tests check what the comparison concludes from it."""
-import time
-
+probes around the runs must catch it; with nothing injected, no warning. No wall-clock time is read: the engine and
+the probe read a fake clock that only the target's passes advance, by the duration the hook gives each, so the tests
+check what the comparison concludes from those durations whatever else the machine does."""
 import pytest
 
+import assistgen.comparison.probe as probe_module
+import assistgen.engine.decoding as decoding_module
 from assistgen.models.catalog import load_catalog
 from assistgen.comparison.compare import Settings, compare
 from assistgen.comparison.runtime import is_warm, runtime
@@ -13,18 +14,23 @@ from assistgen.app.render import LiveView, result_outputs, summary_html
 from assistgen.app.streaming import Snapshot
 from assistgen.comparison.tasks import text_inputs
 
-PASS_S = 0.025   # every target pass is padded to this long, so its duration is set by the hook, not by the machine
-SLOW = 1.6       # the injected fault: passes in a slow phase take this many times longer
+PASS_S = 2.0 ** -5   # a target pass on the fake clock: 31.25 ms (a power of two, so sums of passes stay exact)
+SLOW = 1.5           # the injected fault: passes in a slow phase take this many times longer
 
 
 class Pace:
-    """A fault hook on a model: each forward pass lasts `PASS_S`, or `SLOW` times that during the phases named in
-    `slow` ("baseline", "assisted", or "probe#2" for the second probe)."""
+    """A fault hook on a model and the fake clock the comparison reads (`synchronized_clock`, in the engine and the
+    probe): each forward pass of the model moves the clock on by `PASS_S`, or `SLOW` times that during the phases
+    named in `slow` ("baseline", "assisted", or "probe#2" for the second probe); nothing else moves it."""
 
-    def __init__(self, model, slow: set[str] = frozenset()):
-        self.slow, self.phases, self.passes = set(slow), [], 0
-        self._handles = [model.register_forward_pre_hook(self._start),
-                         model.register_forward_hook(self._finish)]
+    def __init__(self, model, monkeypatch, slow: set[str] = frozenset()):
+        self.slow, self.phases, self.passes, self.now = set(slow), [], 0, 0.0
+        for module in (decoding_module, probe_module):
+            monkeypatch.setattr(module, "synchronized_clock", lambda device: self.clock)
+        self._handle = model.register_forward_hook(self._finish)
+
+    def clock(self) -> float:
+        return self.now
 
     def on_phase(self, name: str) -> None:
         self.phases.append(name)
@@ -36,18 +42,12 @@ class Pace:
         name = self.phases[-1]
         return name in self.slow or f"{name}#{self.phases.count(name)}" in self.slow
 
-    def _start(self, module, args):
-        self._started = time.perf_counter()
-
     def _finish(self, module, args, output):
         self.passes += 1
-        duration = PASS_S * (SLOW if self.slowed else 1.0)
-        while (left := self._started + duration - time.perf_counter()) > 0:
-            time.sleep(min(left, 0.002))
+        self.now += PASS_S * (SLOW if self.slowed else 1.0)
 
     def remove(self):
-        for handle in self._handles:
-            handle.remove()
+        self._handle.remove()
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,12 @@ SETTINGS = Settings(max_new_tokens=16, schedule="constant", num_assistant_tokens
 
 def run(pair, slow=()):
     inputs = text_inputs(pair, "chat", "The quick brown fox jumps over the lazy dog.")
-    pace = Pace(pair.target.model, set(slow))
-    try:
-        result = compare(pair, "chat", inputs, SETTINGS, on_phase=pace.on_phase)
-    finally:
-        pace.remove()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pace = Pace(pair.target.model, monkeypatch, set(slow))
+        try:
+            result = compare(pair, "chat", inputs, SETTINGS, on_phase=pace.on_phase)
+        finally:
+            pace.remove()
     assert pace.passes > 0
     return result
 
@@ -78,6 +79,8 @@ def test_a_clean_comparison_carries_no_speed_warning(pair):
     assert stability["baseline_pass_s"] is not None and stability["assisted_pass_s"] is not None
     assert stability["assisted_rows"] == 4 and stability["probe_rows_s"] is not None
     assert set(stability["probe_s"]) == {"before", "between", "after"}
+    # what was judged is what the hook set: every target pass one `PASS_S` on the fake clock
+    assert set(stability["probe_s"].values()) == {PASS_S} and stability["baseline_pass_s"] == PASS_S
 
 
 def test_a_target_slowed_during_the_baseline_only_is_reported(pair):
@@ -122,7 +125,7 @@ def test_the_time_breakdown_adds_up_to_each_latency(pair):
         total = t["setup_s"] + t["prompt_s"] + t["drafting_s"] + t["verifying_s"] + t["other_s"]
         assert total == pytest.approx(run_["latency_s"], abs=2e-3)
         assert t["passes_after_prompt"] == run_["target_passes"] - 1
-        assert t["verifying_s"] >= t["passes_after_prompt"] * PASS_S  # every later target pass was paced
+        assert t["verifying_s"] == round(t["passes_after_prompt"] * PASS_S, 4)   # one paced pass each
     steps = data["assisted"]["steps"][1:]
     assert data["assisted"]["time"]["rows_verified"] == sum(len(s["candidates"]) + 1 for s in steps)
     assert data["baseline"]["time"]["drafting_s"] == 0
