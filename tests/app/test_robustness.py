@@ -11,6 +11,7 @@ import shutil
 import statistics
 import threading
 import time
+import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -363,6 +364,44 @@ def test_a_cancelled_compare_job_stops_its_run_and_the_worker_takes_the_next_job
     assert result["identical"] is True and result["baseline"]["new_tokens"] == 4
     assert runs.run("the next job").steps >= 2   # a baseline and an assisted run of its own
     assert run.steps == run.steps_at_close   # nothing of the cancelled run ran behind it
+
+
+def test_a_client_that_disconnects_without_cancelling_stops_its_run_and_the_next_job_starts_at_once(served,
+                                                                                                   monkeypatch):
+    """A raw HTTP client joins Gradio's queue for /compare, reads the job's events until its run is under way, then
+    drops the connection without a word (no /cancel): the server notices, the run stops at its next step, and a
+    short job submitted right after runs at once and completes."""
+    import httpx
+    url, service, client = served
+    pair = service.pool.pair("tiny-text")
+    monkeypatch.setattr(pair.target.model, "forward", runaway(pair.target.model, pair.target.eos_token_ids, 0.0))
+    runs = RecordedRuns(service, monkeypatch, hold={"a dropped run": 3})
+    with httpx.Client(base_url=url.rstrip("/"), timeout=30) as http:
+        config = http.get("/config").raise_for_status().json()
+        fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "compare")
+        session = uuid.uuid4().hex
+        # the endpoint's inputs in order: task, pair, text, audio, max_new_tokens, temperature, draft_source,
+        # schedule, num_assistant_tokens, language, target_language
+        data = ["chat", "tiny-text", "a dropped run", None, 1024, 0, "assistant", "", None, "", ""]
+        joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
+                                                           "session_hash": session, "event_data": None,
+                                                           "trigger_id": None})
+        assert joined.status_code == 200, joined.text
+        deadline = time.monotonic() + 60
+        with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as events:
+            lines, messages = events.iter_lines(), []   # kept open (a loop left early would close the response)
+            while not any('"process_starts"' in m for m in messages):   # the job's events, until it starts
+                messages.append(next(lines))
+                assert '"process_completed"' not in messages[-1], messages
+                assert time.monotonic() < deadline, f"the job did not start within 60 s: {messages}"
+            run = runs.run("a dropped run", steps=3)
+            assert not run.closed.is_set()   # the connection still open, the run goes on
+        # the response closed unread and the client closed: the connection is gone, nothing else was sent
+    runs.assert_stopped(run)
+    result = client.submit(task="chat", pair="tiny-text", text="the next job", audio=None, max_new_tokens=4,
+                           temperature=0, draft_source="assistant", api_name="/compare").result(timeout=60)
+    assert result["identical"] is True and result["baseline"]["new_tokens"] == 4
+    assert run.steps == run.steps_at_close   # nothing of the dropped run ran behind it
 
 
 # --- 3. load --------------------------------------------------------------------------------------------------------
