@@ -1,6 +1,6 @@
 """What the tests share: tiny random models built in-process (seeded), a catalog of them with real tokenizer files,
-a tiny GGUF writer, speech made with espeak-ng and sox, and a record of the comparisons a service runs, step by
-step."""
+a tiny GGUF writer, speech made with espeak-ng and sox, what the host must have (its CPU's flags), and a record of
+the comparisons a service runs, step by step."""
 from __future__ import annotations
 
 import copy
@@ -30,6 +30,41 @@ ROOT = Path(__file__).resolve().parent.parent
 DEVICE = torch.device(os.environ.get("ASSISTGEN_TEST_DEVICE", "cpu"))
 # dynamic int8 layers run on the CPU's quantized engine; loading refuses them on any other device
 CPU_ONLY = pytest.mark.skipif(DEVICE.type != "cpu", reason="dynamic int8 runs on the CPU only")
+
+
+# --- what the host must have ----------------------------------------------------------------------------------------
+# Whether a feature's tests run is decided by the host, read apart from the code under test: a detection that breaks
+# must fail its tests, not turn them into skips along with the feature.
+
+AVX512 = ("avx512f",)             # x86-64 with AVX-512: oneDNN's packed fp32 linears, and their store in the cache
+AVX512_VNNI = ("avx512_vnni",)    # int8 products accumulated in 32 bits: int8 inputs in all 8 bits
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as the kernel lists them in /proc/cpuinfo (none where it has no such file or line,
+    as on a CPU other than x86-64)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def host_has(*flags: str) -> bool:
+    """Whether this host's CPU lists every one of `flags` (e.g. "avx512f", "avx512_vnni")."""
+    return set(flags) <= cpu_flags()
+
+
+def needs_cpu_feature(feature: str, detected: Callable[[], bool], *flags: str) -> pytest.MarkDecorator:
+    """A skip for the tests of a CPU feature: never where the host's flags say it has the hardware (the tests then run
+    whatever the code's own `detected()` says, and a test of the module asserts that it agrees), and elsewhere only
+    where the code does not find the feature either."""
+    return pytest.mark.skipif(not host_has(*flags) and not detected(),
+                              reason=f"{feature}: this host's CPU lacks {', '.join(flags)} and the code finds none")
 
 
 # --- tiny models --------------------------------------------------------------------------------------------------

@@ -6,8 +6,14 @@ import torch
 from torch import nn
 
 from assistgen.models import cpu
+from helpers import AVX512, host_has, needs_cpu_feature
 
-pytestmark = pytest.mark.skipif(not cpu.onednn_available(), reason="this torch build has no oneDNN")
+pytestmark = needs_cpu_feature("oneDNN's packed linear", cpu.onednn_available, *AVX512)
+
+
+@pytest.mark.skipif(not host_has(*AVX512), reason="the host's CPU has no AVX-512")
+def test_an_avx512_host_has_onednn():
+    assert cpu.onednn_available()
 
 
 def _layer(seed=0, n_in=384, n_out=1024):

@@ -9,10 +9,16 @@ from torch import nn
 import helpers as tm
 from assistgen.models import packed
 from assistgen.models.cpu import OneDNNLinear, use_onednn_linears
+from helpers import AVX512, host_has, needs_cpu_feature
 
-pytestmark = pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
+pytestmark = needs_cpu_feature("packed oneDNN weights in the cache", packed.can_store, *AVX512)
 
 SOURCE = {"made from": "qwen2 seed 0"}
+
+
+@pytest.mark.skipif(not host_has(*AVX512), reason="the host's CPU has no AVX-512")
+def test_an_avx512_host_stores_packed_weights():
+    assert packed.can_store()
 
 
 def _logits(model, ids):

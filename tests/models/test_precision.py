@@ -16,6 +16,9 @@ from assistgen.models import packed, precision
 from assistgen.models.catalog import CatalogError, load_catalog
 from assistgen.models.cpu import OneDNNLinear, use_onednn_linears
 from assistgen.models.loading import LoadError, load_model
+from helpers import AVX512, needs_cpu_feature
+
+PACKED = needs_cpu_feature("packed oneDNN weights in the cache", packed.can_store, *AVX512)
 
 
 def _encode(model, features):
@@ -104,7 +107,7 @@ def test_assisted_output_stays_identical_with_a_lowered_target():
     assert passes["assisted"] < passes["baseline"]   # its drafts were accepted: the check did verify some
 
 
-@pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
+@PACKED
 def test_a_store_packed_from_a_cast_model_maps_back_onto_one(tmp_path):
     """A fresh cache: `prepare` stores the packed layers of the model as loaded, its encoder already cast."""
     cast = tm.whisper(0).eval()
@@ -120,7 +123,7 @@ def test_a_store_packed_from_a_cast_model_maps_back_onto_one(tmp_path):
         assert torch.equal(model(**features).logits, cast(**features).logits)
 
 
-@pytest.mark.skipif(not packed.can_store(), reason="this torch build has no oneDNN or cannot wrap blobs")
+@PACKED
 def test_a_store_packed_before_casting_leaves_the_cast_layers_alone(tmp_path):
     packed_model = tm.whisper(0).eval()
     count = use_onednn_linears(packed_model)

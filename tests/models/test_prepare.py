@@ -16,7 +16,9 @@ from assistgen.models.catalog import load_catalog
 from assistgen.models.cpu import OneDNNLinear
 from assistgen.models.loading import load_model
 from assistgen.models.prepare import load_prepared
-from helpers import write_tiny_gguf
+from helpers import AVX512, needs_cpu_feature, write_tiny_gguf
+
+PACKED = needs_cpu_feature("packed oneDNN weights in the cache", packed.can_store, *AVX512)
 
 
 @pytest.fixture
@@ -293,7 +295,7 @@ def test_a_load_that_finds_no_cache_converts_in_a_child_process_not_here(catalog
     assert load_prepared(cat.models["tiny-target"], cat).model(input_ids=torch.tensor([[5, 9]])).logits.shape[-1] > 0
 
 
-@pytest.mark.skipif(not packed.can_store(), reason="this torch build cannot store packed oneDNN weights")
+@PACKED
 def test_prepare_packs_the_float_target_once_and_a_load_maps_it_to_the_same_logits(catalog, capsys, monkeypatch):
     path, _ = catalog
     assert main(["--catalog", str(path), "prepare"]) == 0
@@ -315,7 +317,7 @@ def test_prepare_packs_the_float_target_once_and_a_load_maps_it_to_the_same_logi
     assert "tiny-target: packed" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not packed.can_store(), reason="this torch build cannot store packed oneDNN weights")
+@PACKED
 def test_a_packed_store_that_does_not_fit_the_model_is_left_and_the_model_packs_at_load(catalog, capsys):
     path, _ = catalog
     assert main(["--catalog", str(path), "prepare"]) == 0

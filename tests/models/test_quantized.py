@@ -6,6 +6,7 @@ from torch import nn
 
 import helpers as tm
 from assistgen.models import quantized
+from helpers import AVX512_VNNI, host_has, needs_cpu_feature
 
 
 def _logits(model, ids):
@@ -108,7 +109,14 @@ def test_the_int8_layer_computes_the_float_layer_closely():
     assert _layer_error(reduce_range=not full) < (0.03 if full else 0.05)
 
 
-@pytest.mark.skipif(not quantized.full_range_inputs(), reason="this CPU has no VNNI: inputs keep 7 bits")
+@pytest.mark.skipif(not host_has(*AVX512_VNNI), reason="the host's CPU has no AVX-512 VNNI")
+def test_an_avx512_vnni_host_takes_int8_inputs_in_all_eight_bits():
+    quantized.full_range_inputs.cache_clear()
+    assert quantized.full_range_inputs()
+    assert not quantized.Int8Linear(*quantized.quantize_weight(torch.randn(8, 16))).reduce_range
+
+
+@needs_cpu_feature("int8 inputs in 8 bits (VNNI)", quantized.full_range_inputs, *AVX512_VNNI)
 def test_inputs_in_eight_bits_round_less_than_in_seven():
     assert _layer_error(reduce_range=False) < 0.8 * _layer_error(reduce_range=True)
 
