@@ -339,9 +339,15 @@ def test_different_tokenizer_whisper_assistant_runs_its_own_encoder_once():
     inputs = {"input_features": tm.whisper_inputs(0)["input_features"], "decoder_input_ids": torch.tensor([[sot, en,
                                                                                                      transcribe, nots]])}
     baseline = generate(target, inputs, max_new_tokens=20)
+    runs = {"target": 0, "assistant": 0}
+    # every encoder pass goes through its first convolution, whether the encoder's forward or a clip's layers run it
+    for name, model in (("target", target), ("assistant", assistant)):
+        model.get_encoder().conv1.register_forward_hook(lambda *_, name=name: runs.__setitem__(name, runs[name] + 1))
     assisted = generate(target, inputs, assistant_model=assistant, tokenizer=tokenizer, assistant_tokenizer=tokenizer,
                         max_new_tokens=20)
     assert assisted.new_tokens == baseline.new_tokens
+    assert assisted.assistant_passes > 1 and assisted.target_passes > 1   # several drafting steps read the encoders
+    assert runs == {"target": 1, "assistant": 1}
 
 
 def test_the_assistants_clip_encoder_is_whispers_own_over_the_whole_window_and_shorter_over_a_clip():
