@@ -18,8 +18,8 @@ A graph replays fixed shapes at fixed addresses, so here:
 - a pass longer than the largest row count (a prompt) runs eagerly, unpadded, over the slots up to its end;
 - a sequence longer than the buffers doubles them (the graphs are then captured again, once).
 
-The pass itself (`StaticDecoder.forward`) is a plain function of tensors; the graphs are a thin layer over it,
-captured at the pair's warm-up (`prepare_graphs`) or on a row count's first use. Off a GPU the same padded passes run
+The pass itself (`StaticDecoder.forward`) is a plain function of tensors; the graphs are a thin layer over it
+(`CapturedPasses`), captured at the pair's warm-up (`prepare_graphs`) or on a row count's first use. Off a GPU the same padded passes run
 eagerly, which is how the tests hold them to transformers' logits on the CPU. The products are the model's own
 modules, unfused: under a graph fusing buys little, and a 7B target's fused MLP would be 7.6 GB more.
 
@@ -32,7 +32,7 @@ Encoder-decoder models (Whisper) are not covered yet: they keep transformers' mo
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -89,8 +89,47 @@ class _Captured(NamedTuple):
     logits: torch.Tensor   # (rows, vocab) in the model's dtype, written by each replay
 
 
+class CapturedPasses:
+    """The thin layer over a pass: `run` (inputs ``(2, rows)``, token ids then positions, to logits ``(rows,
+    vocab)``) captured once per row count as a CUDA graph over static tensors, then replayed with new inputs copied
+    in. A capture reads `padding(rows)`, inputs that write nothing a real row reads; the graphs share one memory
+    pool."""
+
+    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], padding: Callable[[int], torch.Tensor],
+                 device: torch.device):
+        self.run, self.padding, self.device = run, padding, device
+        self.captured: dict[int, _Captured] = {}
+        self._pool = None
+
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The graph's output for `inputs` ``(2, rows)``: valid until its next replay."""
+        rows = inputs.shape[1]
+        captured = self.captured.get(rows) or self.capture(rows)
+        captured.inputs.copy_(inputs)
+        captured.graph.replay()
+        return captured.logits
+
+    def capture(self, rows: int) -> _Captured:
+        """Capture the pass of `rows` rows, warmed up first on a side stream (as torch's CUDA graph notes ask)."""
+        inputs = self.padding(rows).to(self.device)
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARM_UP_PASSES):
+                self.run(inputs)
+        current.wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self.run(inputs)
+        self.captured[rows] = _Captured(graph, inputs, logits)
+        return self.captured[rows]
+
+
 class StaticDecoder:
-    """One model's static KV cache and its captured passes.
+    """One model's static KV cache and its passes.
 
     `logits(new, start, keep)`: `new` (token ids) continues the first `start` positions of the buffers; returns the
     logits ``(keep, vocab)`` (float32) after each of the last `keep` of them. `graphs`: replay CUDA graphs (default:
@@ -101,7 +140,6 @@ class StaticDecoder:
     def __init__(self, model, *, capacity: int = CAPACITY, rows: tuple[int, ...] = ROWS, graphs: bool | None = None):
         config = model.config
         self.device = torch.device(model.device)
-        self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.limit = getattr(config, "max_position_embeddings", None)
@@ -117,8 +155,8 @@ class StaticDecoder:
                               _rms_norm(l.post_attention_layernorm), l.self_attn.scaling)
                        for l in inner.layers]
         self._dtype = model.dtype
-        self._captured: dict[int, _Captured] = {}
-        self._pool = None
+        graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.graphs = CapturedPasses(self._padded, self._padding, self.device) if graphs else None
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.capacity = 0
@@ -138,7 +176,8 @@ class StaticDecoder:
                     buffers.append(new)
         self.capacity = capacity
         self._slots = torch.arange(capacity + 1, device=self.device)
-        self._captured.clear()
+        if self.graphs is not None:
+            self.graphs.captured.clear()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: int) -> torch.Tensor:
         """Logits ``(rows, vocab)`` in the model's dtype for `tokens` ``(1, rows)`` at `positions` ``(1, rows)``,
@@ -174,6 +213,14 @@ class StaticDecoder:
                                                  scale=layer.scaling).reshape(1, self.heads, rows, self.head_dim)
         return layer.o(out.transpose(1, 2).reshape(1, rows, self.heads * self.head_dim))
 
+    def _padded(self, inputs: torch.Tensor) -> torch.Tensor:
+        """A padded pass: `inputs` ``(2, rows)``, token ids then positions, over the whole buffers."""
+        return self.forward(inputs[:1], inputs[1:], self.capacity + 1)
+
+    def _padding(self, rows: int) -> torch.Tensor:
+        """Inputs of `rows` padding rows: they write only the trash slot."""
+        return torch.tensor([[self.pad_token] * rows, [self.capacity] * rows], dtype=torch.long)
+
     @torch.inference_mode()
     def logits(self, new: list[int], start: int, keep: int = 1) -> torch.Tensor:
         n = len(new)
@@ -190,57 +237,21 @@ class StaticDecoder:
             out = self.forward(torch.tensor([new], device=self.device),
                                torch.arange(start, end, device=self.device).unsqueeze(0), end if start else 0)
         else:
-            pad = rows - n
-            staged = torch.tensor([list(new) + [self.pad_token] * pad, list(range(start, end)) + [self.capacity] * pad])
-            if self.graphs:
-                captured = self._captured.get(rows) or self._capture(rows)
-                captured.inputs.copy_(staged)
-                captured.graph.replay()
-                out = captured.logits
-            else:
-                staged = staged.to(self.device)
-                out = self.forward(staged[:1], staged[1:], self.capacity + 1)
+            inputs = torch.cat([torch.tensor([list(new), list(range(start, end))]), self._padding(rows - n)], dim=1)
+            out = self.graphs.logits(inputs) if self.graphs is not None else self._padded(inputs.to(self.device))
         return out[n - keep:n].to(torch.float32, copy=True)   # a copy: the next replay writes over the graph's output
-
-    def _capture(self, rows: int) -> _Captured:
-        """Capture the padded pass of `rows` rows, read with every row a padding row (only the trash slot is
-        written), warmed up first on a side stream; the graphs share one memory pool."""
-        inputs = torch.zeros(2, rows, dtype=torch.long, device=self.device)
-        inputs[0] = self.pad_token
-        inputs[1] = self.capacity
-        tokens, positions = inputs[:1], inputs[1:]
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for _ in range(WARM_UP_PASSES):
-                self.forward(tokens, positions, self.capacity + 1)
-        current.wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.forward(tokens, positions, self.capacity + 1)
-        self._captured[rows] = _Captured(graph, inputs, logits)
-        return self._captured[rows]
 
     @torch.inference_mode()
     def capture(self) -> list[int]:
         """Capture every row count's pass not yet captured, the largest first (the smaller ones then reuse its
         memory); the row counts captured. Nothing without graphs."""
-        if not self.graphs:
+        if self.graphs is None:
             return []
-        done = []
-        for rows in reversed(self.rows):
-            if rows not in self._captured:
-                self._capture(rows)
-                done.append(rows)
+        done = [rows for rows in reversed(self.rows) if rows not in self.graphs.captured]
+        for rows in done:
+            self.graphs.capture(rows)
         torch.cuda.synchronize(self.device)
         return done
-
-    @property
-    def captured(self) -> tuple[int, ...]:
-        return tuple(sorted(self._captured))
 
 
 _shared: "weakref.WeakKeyDictionary[nn.Module, StaticDecoder]" = weakref.WeakKeyDictionary()

@@ -139,7 +139,7 @@ def test_the_factory_picks_graphs_only_for_a_supported_model_on_cuda():
 def test_graphs_captured_at_warm_up_replay_the_eager_passes():
     model = tm.qwen2(9)
     assert static_steps.prepare_graphs(model) == sorted(static_steps.ROWS, reverse=True)
-    assert static_steps.shared(model).captured == static_steps.ROWS
+    assert tuple(sorted(static_steps.shared(model).graphs.captured)) == static_steps.ROWS
     assert static_steps.prepare_graphs(model) == []
     eager = _static(model, graphs=False)
     replayed = CachedDecoder(model, tm.decoder_inputs(7), prefix_length=7)
@@ -164,16 +164,14 @@ def test_the_replay_layer_copies_each_pass_in_and_its_logits_out():
     model = tm.qwen2(11)
     decoder = StaticDecoder(model, graphs=False)
 
-    def capture(rows: int):
-        inputs = torch.zeros(2, rows, dtype=torch.long, device=tm.DEVICE)
-        logits = torch.empty(rows, tm.VOCAB, device=tm.DEVICE)
-
-        class Graph:
-            def replay(self):
-                logits.copy_(decoder.forward(inputs[:1], inputs[1:], decoder.capacity + 1))
-        decoder._captured[rows] = static_steps._Captured(Graph(), inputs, logits)
-        return decoder._captured[rows]
-    decoder.graphs, decoder._capture = True, capture
+    class EagerGraphs(static_steps.CapturedPasses):
+        def capture(self, rows: int):
+            inputs = self.padding(rows).to(self.device)
+            logits = torch.empty(rows, tm.VOCAB, device=self.device)
+            graph = types.SimpleNamespace(replay=lambda: logits.copy_(self.run(inputs)))
+            self.captured[rows] = static_steps._Captured(graph, inputs, logits)
+            return self.captured[rows]
+    decoder.graphs = EagerGraphs(decoder._padded, decoder._padding, decoder.device)
     replayed, reference = _static(model), _reference(model)
     replayed._step = StaticCacheStep(model, decoder)
     first = replayed.logits(PROMPT + [11, 30, 2], keep=3)    # the prompt and 2 drafts: 10 rows in the 16-row graph
@@ -181,4 +179,4 @@ def test_the_replay_layer_copies_each_pass_in_and_its_logits_out():
     for tokens, keep in [(PROMPT + [11, 30, 40], 2), (PROMPT + [11, 30, 40, 41], 1)]:
         assert _close(replayed.logits(tokens, keep), reference.logits(tokens, keep))
     assert torch.equal(first, kept)   # not the graph's output, which later replays write over
-    assert decoder.captured == (1, 2, 16)
+    assert sorted(decoder.graphs.captured) == [1, 2, 16]
