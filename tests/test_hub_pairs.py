@@ -241,6 +241,7 @@ def test_a_gpu_space_defaults_to_the_large_pairs(offline_hub, no_weight_packages
     assert {task: service.default_pair(service.pair_choices(task)) for task in ("chat", "asr")} == {
         "chat": "qwen2.5-7b+0.5b", "asr": "whisper-large-v3+distil-large-v3"}
     assert "chosen for: GPU" in service.pair_info("whisper-large-v3+distil-large-v3")
+    assert "captures its passes as CUDA graphs" in service.pair_info("qwen2.5-7b+0.5b")   # paid at the warm-up
 
 
 def test_with_the_weight_packages_a_cpu_space_defaults_to_the_offline_pairs_and_still_runs_the_hub_ones(offline_hub):

@@ -170,6 +170,8 @@ class PairMenu:
                 f"{DRAFT_SOURCES[spec.draft_source]}, initial window {spec.num_assistant_tokens}, "
                 f"schedule {spec.schedule}"
                 + f" · here: {numerics}"
+                + (" (a Llama- or Qwen2-class model's first run on a GPU captures its passes as CUDA graphs, a few "
+                   "seconds, once; later runs replay them)" if self.device.type == "cuda" else "")
                 + (f" · {chosen}" if chosen else "")
                 + ("" if not unprepared else
                    f" · **being prepared here** ({', '.join(unprepared)}): the start-up preload converts the weights "

@@ -12,6 +12,7 @@ from ..engine.decoding import draft_source as engine_draft_source
 from ..engine.drafting import AssistantStart, PaybackCosts
 from ..engine.sampling import Sampler
 from ..engine.schedules import AdaptiveSchedule, make_schedule
+from ..engine.static_steps import prepare_graphs
 from ..models.loading import LoadedModel, LoadedPair
 from ..models.devices import dtype_name
 from ..models.machine import machine
@@ -343,9 +344,14 @@ def warm_up(pair: LoadedPair, inputs: dict) -> None:
 
     A decoder-only prompt is cut to `WARM_UP_TOKENS`: what warms up is the model, not this prompt. The loader has
     already moved the weights into process memory, and then the first passes run at the speed of later ones, so a
-    longer warm-up buys nothing and costs seconds per load."""
+    longer warm-up buys nothing and costs seconds per load. On a GPU the models' CUDA graphs are captured first
+    (`engine.static_steps`), once."""
     assisted = pair.assistant is not None and pair.assistant_usable
     state = runtime(pair)
+    # on a GPU, each pass size's CUDA graph is captured here, once, outside the timed runs (nothing on a CPU)
+    prepare_graphs(pair.target.model)
+    if assisted:
+        prepare_graphs(pair.assistant.model)
     if state.probe is None:
         state.probe = SpeedProbe(pair.target.model, inputs)
         set_warm(pair.target, False)   # a target is shared between pairs: warmed by another pair, it warms up again

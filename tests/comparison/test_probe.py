@@ -3,6 +3,7 @@ probes around the runs must catch it; with nothing injected, no warning. No wall
 the probe read a fake clock that only the target's passes advance, by the duration the hook gives each, so the tests
 check what the comparison concludes from those durations whatever else the machine does."""
 import pytest
+import torch
 
 import assistgen.comparison.probe as probe_module
 import assistgen.engine.decoding as decoding_module
@@ -158,3 +159,16 @@ def test_the_probe_is_built_before_the_warm_up_so_the_warm_up_runs_around_its_me
     compare_module.warm_up(fresh, inputs)   # once per pair
     compare(fresh, "asr", inputs, Settings(max_new_tokens=4))
     assert order == ["generation", "generation"]   # the baseline and the assisted run; no second probe
+
+
+def test_the_warm_up_captures_both_models_graphs_before_the_probe_and_the_timed_runs(tiny_catalog_path, monkeypatch):
+    """On a GPU a pass size's CUDA graph is captured on its first use: the warm-up asks for every size first, so that
+    neither the probes nor the timed runs pay for a capture (on a CPU `prepare_graphs` captures nothing)."""
+    import assistgen.comparison.compare as compare_module
+    fresh = ModelPool(load_catalog(tiny_catalog_path)).pair("tiny-text")
+    order = []
+    real_probe = compare_module.SpeedProbe
+    monkeypatch.setattr(compare_module, "prepare_graphs", lambda model: order.append(model) or [])
+    monkeypatch.setattr(compare_module, "SpeedProbe", lambda *a, **k: (order.append("probe"), real_probe(*a, **k))[1])
+    compare_module.warm_up(fresh, {"input_ids": torch.tensor([[1, 2, 3]])})
+    assert order[:3] == [fresh.target.model, fresh.assistant.model, "probe"]
