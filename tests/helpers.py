@@ -26,9 +26,11 @@ from transformers import (AutoModelForCausalLM, GenerationConfig, GPT2Config, GP
                           WhisperConfig, WhisperFeatureExtractor, WhisperForCausalLM, WhisperForConditionalGeneration,
                           WhisperProcessor, WhisperTokenizerFast)
 
+from assistgen.config import from_env
+
 ROOT = Path(__file__).resolve().parent.parent
 # The device the engine's tests run their tiny models on: the CPU, or CUDA where bench/gpu.sh runs them.
-DEVICE = torch.device(os.environ.get("ASSISTGEN_TEST_DEVICE", "cpu"))
+DEVICE = torch.device(from_env().test_device)
 # dynamic int8 layers run on the CPU's quantized engine; loading refuses them on any other device
 CPU_ONLY = pytest.mark.skipif(DEVICE.type != "cpu", reason="dynamic int8 runs on the CPU only")
 

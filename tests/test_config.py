@@ -35,3 +35,14 @@ def test_the_process_environment_is_read_again_when_it_changes(monkeypatch):
     assert from_env() is from_env()   # parsed once for the same values
     monkeypatch.delenv("ASSISTGEN_SCHEDULE_STORE")
     assert from_env().schedule_store is True
+
+
+def test_the_environment_is_read_in_one_place():
+    """Every ASSISTGEN_* variable is read through `config.from_env`: no module of the package or the app reads one
+    from the environment itself."""
+    import re
+    from helpers import ROOT
+    reads = re.compile(r"(os\.environ|os\.getenv|environ\.get)[^\n]*ASSISTGEN_")
+    offenders = [str(path.relative_to(ROOT)) for path in [ROOT / "app.py", *(ROOT / "assistgen").rglob("*.py")]
+                 if path.name != "config.py" and reads.search(path.read_text())]
+    assert offenders == []

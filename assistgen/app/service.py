@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextvars
 import math
-import os
 import threading
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..config import from_env
 from ..choices import DRAFT_SOURCES, TASKS, Limits, limits_from_env
 from ..comparison.compare import Comparison, compare, warm_up
 from ..comparison.request import Request, Settings, build_request, pair_for_task, request_inputs, request_settings
@@ -46,8 +46,9 @@ def update_interval_s() -> float:
     threads, or a GPU doing the work) that work takes nothing from the runs, and the panels update every second. With
     none, torch's threads wait for the one the update stole and the runs slow down, so the panels update every two
     seconds."""
-    if os.environ.get("ASSISTGEN_UPDATE_INTERVAL_S"):
-        return float(os.environ["ASSISTGEN_UPDATE_INTERVAL_S"])
+    configured = from_env().update_interval_s
+    if configured is not None:
+        return configured
     spare = default_device().type != "cpu" or usable_cpus() > torch.get_num_threads()
     return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
 

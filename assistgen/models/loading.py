@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqL
                           AutoProcessor, AutoTokenizer)
 from transformers.utils import logging as hf_logging
 
+from ..config import from_env
 from ..engine.attention import use_row_invariant_attention
 from ..engine.encoders import module_tensors, same_tensors
 from . import packed, precision
@@ -233,7 +233,7 @@ def _model_and_tokenizer(spec: ModelSpec, folder: str, device: torch.device, dty
 
 def _packed_reader(spec: ModelSpec, folder: Path, device: torch.device):
     """What puts the cache's packed linear weights into a model, or None when the cache holds none for it."""
-    if os.environ.get("ASSISTGEN_PACKED_STORE", "1") == "0":   # to compare: pack at each load, as before the store
+    if not from_env().packed_store:   # to compare: pack at each load, as before the store
         return None
     if spec.source != "pack" or not packs_onednn(spec, device) or not packed_stored(folder):
         return None

@@ -62,9 +62,9 @@ def test_the_panels_update_less_often_when_no_core_is_spare_for_it(monkeypatch):
     monkeypatch.delenv("ASSISTGEN_UPDATE_INTERVAL_S", raising=False)
     monkeypatch.setattr(service, "default_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(service, "usable_cpus", lambda: 2)
     assert service.update_interval_s() == service.UPDATE_INTERVAL_NO_SPARE_S == 2.0
-    monkeypatch.setattr(service.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(service, "usable_cpus", lambda: 4)
     assert service.update_interval_s() == service.UPDATE_INTERVAL_S == 1.0
     monkeypatch.setenv("ASSISTGEN_UPDATE_INTERVAL_S", "0.25")
     assert service.update_interval_s() == 0.25
