@@ -24,11 +24,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector extensions that move a CPU pass's cost (oneDNN's and fbgemm's kernels pick by them), as Linux names them
+VECTOR_EXTENSIONS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+@functools.cache
+def vector_extensions() -> tuple[str, ...]:
+    """Which of `VECTOR_EXTENSIONS` this CPU has (Linux's /proc/cpuinfo flags); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return ()
+    return tuple(name for name in VECTOR_EXTENSIONS if name in flags)
+
+
 def machine(probe_s: dict[str, float] | None = None) -> dict:
     """The machine's facts; with the speed probes' seconds, their median plain target pass in milliseconds."""
     device = default_device()
     probes = sorted((probe_s or {}).values())
-    return {"cpu": cpu_model(), "cores_used": torch.get_num_threads(), "cores": usable_cpus(),
+    return {"cpu": cpu_model(), "vector_extensions": list(vector_extensions()), "cores_used": torch.get_num_threads(),
+            "cores": usable_cpus(),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "probe_ms_per_target_pass": round(probes[len(probes) // 2] * 1000, 1) if probes else None}
 

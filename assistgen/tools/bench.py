@@ -25,7 +25,6 @@ import argparse
 import copy
 import importlib.metadata
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -49,6 +48,7 @@ from ..engine.decoding import GenerationResult, synchronized_clock
 from ..models.catalog import CatalogError, load_catalog
 from ..models.devices import dtype_name
 from ..models.loading import offloaded
+from ..models.machine import cpu_model, vector_extensions
 from .enginebench import set_assistant_knobs
 from .passcosts import floor, memory_bandwidth_gb_s, plot_curves, verify_curve
 from .peers import LLAMA_SERVER_ENV, PEERS, llama_server_path, start_peer
@@ -506,8 +506,8 @@ def _run(args, *, out: Path, specs, items, pairs, peers) -> int:
     first = pairs[0]
     meta = {"pairs": [spec.name for spec in specs], "modes": {p.spec.name: p.mode for p in pairs},
             "command": shlex.join(["python", "-m", "assistgen", *args.argv]),
-            "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-                       + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
+            "machine": f"{cpu_model()} ({', '.join(vector_extensions()) or 'no AVX2'}), {torch.get_num_threads()} "
+                       "threads" + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ", CPU"),
             "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
             "dtype": dtype_name(first.target.model.dtype),
             "target_numerics": {p.spec.name: target_numerics(p) for p in pairs},

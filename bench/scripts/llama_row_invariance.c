@@ -3,7 +3,7 @@
 // Build against llama.cpp built by build_llama_server.sh with -DBUILD_SHARED_LIBS=ON and the target 'llama':
 //   gcc -O2 bench/scripts/llama_row_invariance.c -I$L/include -I$L/ggml/include -L$B -lllama -lggml -lggml-base -lm -Wl,-rpath,$B
 // Run: ./a.out MODEL.gguf USE_EXTRA_BUFTS(0|1: weight repacking) FLASH_ATTN(0|1) [PROMPT_TOKENS=200]
-// Results: docs/peers.md.
+// Results: docs/results.md.
 #include "llama.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -97,3 +97,10 @@ def test_freed_blocks_are_kept_for_reuse_unless_turned_off(monkeypatch):
         assert trims == [0]
     finally:
         cpu.keep_freed_memory.cache_clear()
+
+
+def test_the_machine_names_its_cpu_and_the_vector_extensions_the_kernels_pick_by():
+    from assistgen.models.machine import VECTOR_EXTENSIONS, machine
+    from helpers import host_has
+    facts = machine()
+    assert facts["cpu"] and facts["vector_extensions"] == [f for f in VECTOR_EXTENSIONS if host_has(f)]
