@@ -104,7 +104,9 @@ def test_on_a_cpu_every_hub_pair_runs_the_offline_recipe():
 
 
 def test_the_small_qwen_pair_at_its_defaults_names_its_int8_numerics_and_stays_identical(offline_hub, capsys):
-    from assistgen.models.conversion import int8_copy_stored
+    import torch
+
+    from assistgen.models.prepare import ready
     from assistgen.tools.cli import main
     pair = CATALOG.pair("qwen2.5-1.5b+0.5b")
     assert main(["compare", "--pair", pair.name, "--task", "chat", "--text", "The quick brown fox",
@@ -116,7 +118,7 @@ def test_the_small_qwen_pair_at_its_defaults_names_its_int8_numerics_and_stays_i
                                   "assistant": "dynamic_int8: int8 weights, int8 inputs per pass"}
     assert "w8a8" in result["identical_note"]
     # quantized once, on the first load, and kept in the cache for the next
-    assert int8_copy_stored(pair.target.on("cpu")) and int8_copy_stored(pair.assistant.on("cpu"))
+    assert ready(pair.target, CATALOG, torch.device("cpu")) and ready(pair.assistant, CATALOG, torch.device("cpu"))
 
 
 def test_distil_whisper_loads_decoder_only_and_shares_the_targets_encoder(offline_hub):

@@ -6,8 +6,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 150
-# Known to be over, and being split where they live; each entry is removed once its split lands.
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _sizes() -> dict[tuple[str, str], tuple[int, int]]:
@@ -31,11 +29,6 @@ def _sizes() -> dict[tuple[str, str], tuple[int, int]]:
 def test_no_function_or_class_is_over_its_limit():
     sizes = _sizes()
     assert ("app.py", "build_demo") in sizes and ("assistgen/engine/decoding.py", "speculative_decode") in sizes
-    over = {key: lines for key, (lines, limit) in sizes.items() if lines > limit and key not in KNOWN_EXCEPTIONS}
+    over = {key: lines for key, (lines, limit) in sizes.items() if lines > limit}
     assert over == {}
 
-
-def test_every_known_exception_is_still_over_its_limit():
-    """An exception that has been split no longer needs its place in the list."""
-    sizes = _sizes()
-    assert {key for key in KNOWN_EXCEPTIONS if key not in sizes or sizes[key][0] <= sizes[key][1]} == set()

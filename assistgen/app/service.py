@@ -22,12 +22,12 @@ from ..comparison.speech import WINDOW_S, asr_inputs
 from ..comparison.tasks import SAMPLE_RATE, InputError, text_inputs
 from ..models.availability import pair_availability
 from ..models.catalog import Catalog, ModelSpec, PairSpec
-from ..models.conversion import int8_copy_stored, loads_int8_copy, pack_ready
 from ..models.cpu import native_bfloat16
 from ..models.devices import default_device, dtype_name, hardware, hardware_key, torch_dtype
 from ..models.limits import usable_cpus
 from ..models.loading import LoadError, LoadedPair
 from ..models.pool import ModelPool
+from ..models.prepare import ready
 from ..models.sizing import pair_fit, parameters
 from . import zerogpu
 from .streaming import ModelThread, Snapshot, stream
@@ -53,15 +53,6 @@ def update_interval_s() -> float:
     return UPDATE_INTERVAL_S if spare else UPDATE_INTERVAL_NO_SPARE_S
 
 
-def prepared(spec: ModelSpec, catalog: Catalog, device: torch.device) -> bool:
-    """Whether a model loads here without converting or quantizing first: a pack in the cache as it loads, a hub
-    model's int8 copy stored (its download is not counted: `fetch` and the Space's build do it)."""
-    here = spec.on(device)
-    if spec.source == "pack":
-        return pack_ready(here, catalog, device)
-    return spec.source != "hub" or not loads_int8_copy(here, device) or int8_copy_stored(here)
-
-
 def numerics_here(spec: ModelSpec, device: torch.device) -> str:
     """How a model computes on `device`, in a few words, before it is loaded: its CPU recipe on a CPU."""
     here = spec.on(device)
@@ -83,7 +74,7 @@ class PairMenu:
     def __init__(self, catalog: Catalog, pool: ModelPool, device: torch.device):
         self.catalog = catalog
         self.device = device   # the hardware the defaults are chosen for
-        self.hardware = hardware(self.device)
+        self.hardware, self.hardware_key = hardware(self.device), hardware_key(self.device)
         self.pool = pool
         self._ready: set[str] = set()             # pairs seen available and within the memory budget
         self._defaults: set[str] | None = None
@@ -127,7 +118,7 @@ class PairMenu:
     def click_s(self, pair: PairSpec) -> float | None:
         """A click's estimated seconds on this hardware (the catalog's `click_s`, at the pair's own max new tokens),
         or None where the catalog has none."""
-        return dict(pair.click_s).get(hardware_key(self.device))
+        return dict(pair.click_s).get(self.hardware_key)
 
     def default_pair(self, choices: list[tuple[str, str]]) -> str | None:
         """The first pair among a dropdown's choices that is available, fits the memory budget and is meant for this
@@ -164,7 +155,7 @@ class PairMenu:
         spec = self._spec(pair_name)
         chosen = self.chosen_for(pair_name)
         unprepared = [m.name for m in (spec.target, spec.assistant)
-                      if m is not None and not prepared(m, self.catalog, self.device)]
+                      if m is not None and not ready(m, self.catalog, self.device)]
         numerics = ", ".join(f"{role} {numerics_here(m, self.device)}"
                              for role, m in (("target", spec.target), ("assistant", spec.assistant)) if m is not None)
         return (f"{spec.description} · defaults: max new tokens {spec.max_new_tokens}, draft source "

@@ -17,7 +17,7 @@ from .drafting import (AssistantCandidates, AssistantStart, AssistantWithLookupC
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
 from .retokenizing import different_tokenizer_source
-from .whisper_decoder import AUDIO_MARGIN_S, KeyValues
+from .whisper_decoder import AUDIO_MARGIN_S
 from .sampling import Sampler, accept_greedy, accept_sampled
 from .schedules import WindowSchedule, make_schedule
 

@@ -170,12 +170,13 @@ def int8_folder(folder: Path, spec: ModelSpec) -> Path:
 
 
 def int8_stored(folder: Path, spec: ModelSpec) -> bool:
-    """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion."""
+    """Whether the cache holds `spec`'s int8 weights quantized from this very float conversion (a pack's in
+    `folder`) or hub snapshot."""
     try:
-        source = json.loads((folder / CONVERSION_MARKER).read_text())
+        stored = int8_copy(spec, folder)
     except (OSError, ValueError):
         return False
-    return quantized.is_stored(int8_folder(folder, spec), source)
+    return stored is not None and quantized.is_stored(*stored)
 
 
 def int8_model(spec: ModelSpec, folder: Path, model_class, float_model, progress: Progress):
@@ -222,12 +223,6 @@ def _content_names(snapshot: Path) -> list[str]:
         names.append(blob.name if blob != path.absolute() else f"{path.name}:{path.stat().st_size}:"
                      f"{path.stat().st_mtime_ns}")
     return names
-
-
-def int8_copy_stored(spec: ModelSpec) -> bool:
-    """Whether a hub model that runs in int8 here has its int8 copy in the cache (a pack's: `pack_ready`)."""
-    stored = int8_copy(spec, spec.location)
-    return stored is not None and quantized.is_stored(*stored)
 
 
 def weights_folder(spec: ModelSpec, catalog: Catalog, device: torch.device, dtype: torch.dtype,

@@ -21,7 +21,7 @@ from ..choices import TASKS
 from .catalog import Catalog, ModelSpec, PairSpec
 from .availability import availability, note_failure
 from .conversion import (WEIGHTS, conversion_folder, convert_pack, drop_float_weights, float_weights_kept,
-                         float_weights_needed, int8_copy_stored, int8_folder, int8_stored, loads_int8_copy, pack_dtype,
+                         float_weights_needed, int8_folder, int8_stored, loads_int8_copy, pack_dtype,
                          pack_ready, packed_stored, packs_onednn, store_packed)
 from .devices import default_device
 from .loading import LoadedModel, LoadError, load_model
@@ -90,10 +90,20 @@ def _hub_int8_models(pairs: list[PairSpec]) -> list[ModelSpec]:
 def _prepare_hub_int8(catalog: Catalog, spec: ModelSpec, progress) -> Prepared:
     """A hub model's int8 copy quantized from its snapshot in the Hugging Face cache and stored (once)."""
     started = time.perf_counter()
-    if int8_copy_stored(spec.on(default_device())):
+    if ready(spec, catalog, default_device()):
         return Prepared(spec.name, 0.0, "already prepared")
     load_model(spec, catalog, progress=progress)   # quantizes once, stores
     return Prepared(spec.name, time.perf_counter() - started, "quantized")
+
+
+def ready(spec: ModelSpec, catalog: Catalog, device) -> bool:
+    """Whether `spec` loads on `device` without converting or quantizing first: a pack in the cache as it loads
+    (`pack_ready`), a hub model that runs in int8 there with its int8 copy stored, any other model (its download is
+    not counted: `fetch` and a Space's build do it)."""
+    here = spec.on(device)
+    if spec.source == "pack":
+        return pack_ready(here, catalog, device)
+    return spec.source != "hub" or not loads_int8_copy(here, device) or int8_stored(Path(spec.location), here)
 
 
 def prepare_models(catalog: Catalog, models: list[ModelSpec],
@@ -212,8 +222,8 @@ def _child(catalog: Catalog, name: str, events) -> None:
         report = lambda f, m: events.put(("progress", f, m))   # noqa: E731
         if spec.source == "pack":
             prepare_models(catalog, [spec], report)
-        else:   # a hub model that runs in int8 here: loading it quantizes it and stores the int8 copy
-            load_model(spec, catalog, progress=report)
+        else:
+            _prepare_hub_int8(catalog, spec, report)
         events.put(("done", None, None))
     except PackError as exc:
         events.put(("pack", str(exc), None))
@@ -262,9 +272,7 @@ def load_prepared(spec: ModelSpec, catalog: Catalog, *, device=None, progress: C
     process (`prepare_in_child`), so that this process never converts: the loader of the app's and the CLI's model
     pool."""
     device = device or default_device()
-    here = spec.on(device)
-    if ((spec.source == "pack" and not pack_ready(here, catalog, device))
-            or (spec.source == "hub" and loads_int8_copy(here, device) and not int8_copy_stored(here))):
+    if not ready(spec, catalog, device):
         try:
             prepare_in_child(spec, catalog, progress)
         except (LoadError, PackError) as exc:

@@ -97,10 +97,11 @@ def assistant_pass_s(model, device: torch.device, target_inputs: dict, repeats: 
         hidden = torch.randn(1, 1500, model.config.d_model, device=device, dtype=model.dtype)
         tokens = target_inputs["decoder_input_ids"][0].tolist()
         decoder = CachedDecoder(model, {}, prefix_length=len(tokens),
-                                encoder_outputs=BaseModelOutput(last_hidden_state=hidden))
+                                encoder_outputs=BaseModelOutput(last_hidden_state=hidden), assistant=True)
     else:
         tokens = target_inputs["input_ids"][0].tolist()
-        decoder = CachedDecoder(model, {"input_ids": torch.tensor([tokens])}, prefix_length=len(tokens))
+        decoder = CachedDecoder(model, {"input_ids": torch.tensor([tokens])}, prefix_length=len(tokens),
+                                assistant=True)
     decoder.logits(tokens)
     clock = synchronized_clock(device)
     times = []

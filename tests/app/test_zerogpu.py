@@ -134,9 +134,12 @@ def test_the_duration_asked_for_is_the_pairs_estimate_with_headroom_capped(tiny_
     assert zerogpu.duration_s(10) == 15 and zerogpu.duration_s(0.1) == 1
     assert zerogpu.duration_s(53.3) == 80 and zerogpu.duration_s(79.9) == zerogpu.MAX_DURATION_S == 80
     assert zerogpu.duration_s(1000) == 80
-    # the tiny pairs have no estimate: the calls above asked for the default
-    _, _, spaces = recorded
-    assert spaces.calls and {call.duration for call in spaces.calls} == {60}
+    # the tiny pairs have no estimate: a comparison asks for the default
+    url, _, spaces = recorded
+    before = len(spaces.calls)
+    Client(url, verbose=False).predict(task="chat", pair="tiny-text", text="hi", audio=None, max_new_tokens=2,
+                                       temperature=0, draft_source="assistant", api_name="/compare")
+    assert [call.duration for call in spaces.calls[before:]] == [60]
 
     service = Service(load_catalog(tiny_catalog_path))
     here = hardware_key(service.device)
