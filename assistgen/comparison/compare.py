@@ -9,7 +9,7 @@ from typing import Callable
 from ..choices import DRAFT_SOURCES
 from ..engine.decoding import GenerationResult, Step, joined, prepare, speculative_decode
 from ..engine.decoding import draft_source as engine_draft_source
-from ..engine.drafting import AssistantStart, PaybackCosts
+from ..engine.drafting import SET_ASIDE_BELOW, AssistantStart, PaybackCosts
 from ..engine.sampling import Sampler
 from ..engine.schedules import AdaptiveSchedule, make_schedule
 from ..engine.static_steps import prepare_graphs
@@ -61,7 +61,25 @@ def run_figures(result: GenerationResult, text: str) -> dict:
 
 
 def assistant_start_reason(start: AssistantStart) -> str | None:
-    """Why the assistant started late or not at all, in words (None where it started with the first step)."""
+    """Why the assistant started late or not at all, and when it was set aside for not paying, in words (None where
+    it started with the first step and drafted to the end)."""
+    started = _start_words(start)
+    aside = _set_aside_words(start, first=started is None)
+    return "; ".join(part for part in (started, aside) if part) or None
+
+
+def _set_aside_words(start: AssistantStart, first: bool) -> str | None:
+    points = start.set_aside_after
+    if not points:
+        return None
+    when = ", ".join(str(n) for n in points[:-1]) + (" and " if len(points) > 1 else "") + _tokens(points[-1])
+    each = " each time" if len(points) > 1 else ""
+    return (f"{'the assistant' if first else 'it'} was set aside after {when}: its steps on this answer had run "
+            f"at under {SET_ASIDE_BELOW:.0%} of the target alone's rate, so lookup or the target alone went on{each} "
+            "for a pause before it drafted again")
+
+
+def _start_words(start: AssistantStart) -> str | None:
     if start.started_after == 0:
         return None
     if not start.refused:   # waited only for this machine's first measurements

@@ -170,6 +170,7 @@ class AssistantWithLookupCandidates:
             draft, start = Draft(lookup, None, confidences), 0
         elif self.gate is not None and not self.gate.ready(tokens):   # a plain step
             draft, start = Draft([]), 0
+            self.gate.plain_step()
         else:
             draft = self.assistant.get_candidates(tokens, num_candidates, sampler, keep_drafting)
             start = len(draft.tokens)
@@ -201,6 +202,14 @@ PRIOR_ANSWER_TOKENS = 8
 PRIOR_RISK_TOKENS = 2
 PRIOR_SAVING = 0.3
 MIN_SAVING = 0.1
+# Once started, the assistant keeps drafting only while it pays on this answer (`Earnings`): judged after
+# JUDGE_AFTER_STEPS steps of its own, it is set aside for SET_ASIDE_STEPS steps where they ran at less than
+# SET_ASIDE_BELOW of the target alone's rate, then tried again, each later time set aside twice as long. Steps near
+# break-even are left alone: an assistant's gains come in bursts (a code block, a quoted phrase) that a stricter rule
+# forfeits (docs/history.md, 2026-12-07 night).
+JUDGE_AFTER_STEPS = 6
+SET_ASIDE_BELOW = 0.7
+SET_ASIDE_STEPS = 8
 
 
 class Rate:
@@ -218,6 +227,43 @@ class Rate:
         return self.seconds / self.tokens if self.tokens else None
 
 
+class Earnings:
+    """How the assistant's steps on this answer, since it last (re)started, compare with the target alone: the
+    seconds a plain pass per token would have taken for the tokens they emitted (`plain_s`, as measured; lookup-only
+    decoding, what replaces the assistant, costs at most that, since lookup drafts only where it pays) against the
+    seconds they took, the assistant's prompt pass left out (paid already, whatever comes next). Judged after
+    `JUDGE_AFTER_STEPS` steps of its own: where they ran at less than `SET_ASIDE_BELOW` of the target alone's rate, it
+    is set aside (`drafting` False) for `SET_ASIDE_STEPS` steps, then drafts again on a fresh record, each later time
+    set aside twice as long."""
+
+    def __init__(self):
+        self.plain_s = self.seconds = 0.0   # the target alone's seconds for the same tokens; the steps' own
+        self.steps = 0
+        self.set_aside_after: list[int] = []   # tokens generated when it was set aside, in order
+        self._idle, self._interval = 0, SET_ASIDE_STEPS
+
+    @property
+    def drafting(self) -> bool:
+        return self._idle == 0
+
+    def add(self, emitted: int, seconds: float, plain_s: float, generated: int) -> None:
+        """One step the assistant drafted: `emitted` tokens in `seconds` (a plain pass: `plain_s`), the answer
+        `generated` tokens long after it."""
+        self.plain_s += emitted * plain_s
+        self.seconds += seconds
+        self.steps += 1
+        if self.steps >= JUDGE_AFTER_STEPS and self.plain_s < SET_ASIDE_BELOW * self.seconds:
+            self.set_aside_after.append(generated)
+            self._idle, self._interval = self._interval, 2 * self._interval
+
+    def idle(self) -> None:
+        """One step without the assistant, while it is set aside."""
+        self._idle = max(0, self._idle - 1)
+        if self._idle == 0:
+            self.plain_s = self.seconds = 0.0
+            self.steps = 0
+
+
 class PaybackCosts:
     """What an assistant's prompt pass costs and what drafting with it saves, as measured on this machine; lent from
     one generation to the next (a pair's runs share one).
@@ -226,7 +272,9 @@ class PaybackCosts:
     - `assistant_over_target`: the assistant's prompt pass over the target's, per token (first the parameter ratio);
     - `lookup`: seconds per emitted token of steps drafted by lookup alone, or not at all (the prompt step left out);
     - `saving_share`: the share of those seconds that drafting with the assistant saved, once one generation has
-      measured both kinds of step (the assistant's prompt pass left out).
+      measured both kinds of step (the assistant's prompt pass left out);
+    - `plain`: seconds of a plain target pass (one row: a step with nothing to verify), what an assistant that
+      does not pay is judged against (`Earnings`).
     """
 
     def __init__(self, assistant_over_target: float):
@@ -234,6 +282,7 @@ class PaybackCosts:
         self.target_prompt_s: float | None = None
         self.lookup = Rate()
         self.saving_share: float | None = None
+        self.plain = Rate(decay=0.9)
 
     def saving_per_token(self, lookup_s: float | None) -> float | None:
         """Seconds the assistant saves per token against lookup-only decoding at `lookup_s` seconds a token."""
@@ -257,6 +306,9 @@ class AssistantStart:
     estimated_prompt_tokens: int | None = None
     saving_per_token_s: float | None = None
     expected_tokens: int | None = None
+    # tokens generated each time the assistant was set aside, its steps having run at less than `SET_ASIDE_BELOW` of
+    # the target alone's rate (`Earnings`); it drafted again after a pause, unless the answer ended first
+    set_aside_after: tuple[int, ...] = ()
 
     @property
     def started(self) -> bool:
@@ -281,6 +333,8 @@ class AssistantStart:
                        estimated_prompt_tokens=self.estimated_prompt_tokens,
                        saving_per_token_s=round(self.saving_per_token_s, 5),
                        break_even_tokens=self.break_even_tokens, expected_tokens=self.expected_tokens)
+        if self.set_aside_after:
+            out.update(set_aside_after=list(self.set_aside_after))
         return out
 
 
@@ -290,7 +344,8 @@ class PaybackGate:
     costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from
     lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`, timed with
     `clock`). The decoding loop feeds every step's measured seconds through `update`: the first step's target pass
-    read the prompt, the later ones price lookup-only and assisted decoding."""
+    read the prompt, the later ones price lookup-only and assisted decoding, and judge what the assistant earns on
+    this answer once started (`Earnings`: set aside while it does not pay)."""
 
     def __init__(self, prefill: Callable[[list[int]], None], costs: PaybackCosts, budget: int,
                  clock: Callable[[], float]):
@@ -305,6 +360,9 @@ class PaybackGate:
         self._step_started: bool | None = None             # whether the assistant had started when this step's draft
                                                            # call began; None: no draft call this step
         self._spent = 0.0                                  # seconds of this step spent on the assistant's prompt
+        self._generated = 0                                # tokens generated when this step's draft call began
+        self._plain = False                                # this step verifies nothing: a one-row target pass
+        self.earnings = Earnings()
 
     @property
     def started(self) -> bool:
@@ -314,7 +372,12 @@ class PaybackGate:
         """At the start of each step's draft call."""
         if self.prompt_tokens is None:
             self.prompt_tokens = len(tokens)
-        self._step_started, self._spent = self.started, 0.0
+        self._generated = len(tokens) - self.prompt_tokens
+        self._step_started, self._spent, self._plain = self.started and self.earnings.drafting, 0.0, False
+
+    def plain_step(self) -> None:
+        """This step drafts nothing: its target pass reads one row."""
+        self._plain = True
 
     def update(self, emitted: int, draft_s: float, verify_s: float) -> None:
         """After each step: its `emitted` tokens and measured seconds of drafting and of the target's pass. A step
@@ -328,17 +391,25 @@ class PaybackGate:
                 seconds, count = self.assistant_prompt
                 self.costs.assistant_over_target = seconds / count / self._prompt_s
             return
+        seconds = draft_s - self._spent + verify_s
         for rate in (self._assisted,) if started else (self._lookup, self.costs.lookup):
-            rate.add(draft_s - self._spent + verify_s, emitted)
+            rate.add(seconds, emitted)
+        if self._plain:
+            self.costs.plain.add(verify_s, 1)
+        if started and self.costs.plain.value is not None:
+            self.earnings.add(emitted, seconds, self.costs.plain.value, self._generated + emitted)
+        elif not started and self.started:
+            self.earnings.idle()
         if self._lookup.value and self._assisted.value:
             self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
 
     def ready(self, tokens: list[int]) -> bool:
         """Whether the assistant drafts this step: started already, or starting now because it pays. Its prompt pass
         then runs here, and its drafting waits for the next step (so that no step's drafting seconds hold a prompt
-        pass), except on the first step, whose target pass reads the prompt too."""
+        pass), except on the first step, whose target pass reads the prompt too. Once started, it drafts unless it
+        is set aside for not earning on this answer (`Earnings`)."""
         if self.started:
-            return True
+            return self.earnings.drafting
         if not self.pays(tokens):
             return False
         begun = self.clock()
@@ -370,4 +441,4 @@ class PaybackGate:
         seconds, count = self.assistant_prompt or (None, None)
         cost, tokens, saving, expected = self.refused or (None, None, None, None)
         return AssistantStart(self.prompt_tokens, self.started_after, generated, seconds, count, cost, tokens, saving,
-                              expected)
+                              expected, tuple(self.earnings.set_aside_after))

@@ -147,3 +147,59 @@ def test_the_prior_answer_length_is_a_bet_only_on_a_cheap_prompt_pass(clock):
     assert started is not None and started * saving >= 0.8 * estimate   # it waited for the answer to pay, roughly
     short = assisted(target, assistant, inputs, started - 1, copy.deepcopy(costs))
     assert short.assistant_passes == 0 and short.assistant_start.started_after is None
+
+
+def test_an_assistant_that_does_not_pay_on_this_answer_is_set_aside(clock, monkeypatch):
+    """Started on costs lent by a pair whose drafts paid, an assistant whose drafts the target rejects is judged on
+    what it earns on this answer: after `JUDGE_AFTER_STEPS` steps that cost more than lookup alone, it is set aside
+    for `SET_ASIDE_STEPS` steps (no assistant passes; `Earnings`' own test follows it further). The output stays the target's, and the answer costs less than with the assistant kept on to the end."""
+    target, good = models()
+    costs = measured_costs(target, good)
+    bad = tm.qwen2(7)   # another random model: its drafts are rejected
+    bad.is_target = False
+    inputs = prompt(20, seed=4)
+    baseline = generate(target, inputs, max_new_tokens=80)
+    run = assisted(target, bad, inputs, 80, copy.deepcopy(costs))
+    assert run.new_tokens == baseline.new_tokens
+    start = run.assistant_start
+    assert start.started_after == 0
+    first = start.set_aside_after[0]
+    assert drafting.JUDGE_AFTER_STEPS <= first
+    ends = [sum(len(s.emitted) for s in run.steps[:i + 1]) for i in range(len(run.steps))]
+    aside = run.steps[ends.index(first) + 1:][:drafting.SET_ASIDE_STEPS]   # ValueError if no step ended there
+    assert len(aside) == drafting.SET_ASIDE_STEPS
+    assert all(step.draft_s < ASSISTANT_PASS_S for step in aside)   # lookup alone, or nothing: no assistant pass
+    reason = assistant_start_reason(start)
+    assert reason.startswith(f"the assistant was set aside after {first} tokens: its steps on this answer had run "
+                             f"at under 70% of the target alone's rate")
+    monkeypatch.setattr(drafting, "JUDGE_AFTER_STEPS", 10 ** 6)   # the assistant kept on to the end
+    kept = assisted(target, bad, inputs, 80, copy.deepcopy(costs))
+    assert kept.new_tokens == baseline.new_tokens and kept.assistant_start.set_aside_after == ()
+    assert run.assistant_passes < kept.assistant_passes
+    assert run.latency_s < kept.latency_s   # simulated seconds
+
+
+def test_earnings_judge_after_enough_steps_and_pause_twice_as_long_each_time():
+    earnings = drafting.Earnings()
+    for step in range(drafting.JUDGE_AFTER_STEPS - 1):   # at half the target's rate, but not yet judged
+        earnings.add(1, 0.2, 0.1, generated=step + 1)
+        assert earnings.drafting
+    earnings.add(10, 0.2, 0.1, generated=13)             # a burst: the record as a whole runs ahead of the target's
+    assert earnings.drafting and earnings.plain_s > earnings.seconds
+    earnings.add(1, 0.5, 0.1, generated=14)              # still above SET_ASIDE_BELOW of the target's rate
+    assert earnings.drafting and earnings.plain_s >= drafting.SET_ASIDE_BELOW * earnings.seconds
+    earnings.add(1, 1.0, 0.1, generated=15)
+    assert not earnings.drafting and earnings.set_aside_after == [15]
+    for _ in range(drafting.SET_ASIDE_STEPS - 1):
+        earnings.idle()
+        assert not earnings.drafting
+    earnings.idle()
+    assert earnings.drafting and earnings.steps == 0 and earnings.seconds == earnings.plain_s == 0
+    for step in range(drafting.JUDGE_AFTER_STEPS):
+        earnings.add(1, 0.2, 0.1, generated=20 + step)
+    assert earnings.set_aside_after == [15, 20 + drafting.JUDGE_AFTER_STEPS - 1]
+    for _ in range(2 * drafting.SET_ASIDE_STEPS - 1):
+        earnings.idle()
+    assert not earnings.drafting
+    earnings.idle()
+    assert earnings.drafting
