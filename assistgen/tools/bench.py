@@ -251,6 +251,7 @@ def _row(pair, item: Item, repeat: int, temperature: float, config: Config, run:
                    acceptance=acceptance(result.steps).to_dict())
         if result.assistant_start is not None:
             row.update(assistant_started_after=result.assistant_start.started_after,
+                       assistant_set_aside_after=list(result.assistant_start.set_aside_after),
                        assistant_start_reason=assistant_start_reason(result.assistant_start))
     if result is not None and config is not BASELINE:
         c = cost_ratio(baseline["result"], result)
