@@ -202,6 +202,9 @@ PRIOR_ANSWER_TOKENS = 8
 PRIOR_RISK_TOKENS = 2
 PRIOR_SAVING = 0.3
 MIN_SAVING = 0.1
+# Past that bet, an answer is expected to run on for LATE_START_SHARE of what it has run so far: if its point is equally
+# likely anywhere in its run, it runs at least that much longer two times in three (as long again: one time in two)
+LATE_START_SHARE = 0.5
 # Once started, the assistant keeps drafting only while it pays on this answer (`Earnings`): judged after
 # JUDGE_AFTER_STEPS steps of its own, it is set aside for SET_ASIDE_STEPS steps where they ran at less than
 # SET_ASIDE_BELOW of the target alone's rate, then tried again, each later time set aside twice as long. Steps near
@@ -340,8 +343,8 @@ class AssistantStart:
 
 class PaybackGate:
     """Whether to pay the assistant's prompt pass yet: only once the tokens the answer can still be expected to run
-    (as many as it has run so far, at most what the budget leaves; at least `PRIOR_ANSWER_TOKENS` where that pass
-    costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from
+    (`LATE_START_SHARE` of what it has run so far, at most what the budget leaves; at least `PRIOR_ANSWER_TOKENS`
+    where that pass costs no more than `PRIOR_RISK_TOKENS` tokens) save more than that pass costs. Until then drafts come from
     lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`, timed with
     `clock`). The decoding loop feeds every step's measured seconds through `update`: the first step's target pass
     read the prompt, the later ones price lookup-only and assisted decoding, and judge what the assistant earns on
@@ -429,7 +432,8 @@ class PaybackGate:
         if prompt_s is None or saving is None:
             return False
         cost = self.costs.assistant_over_target * prompt_s * len(tokens)
-        answer = max(generated, PRIOR_ANSWER_TOKENS) if cost <= PRIOR_RISK_TOKENS * lookup_s else generated
+        answer = (max(generated, PRIOR_ANSWER_TOKENS) if cost <= PRIOR_RISK_TOKENS * lookup_s
+                  else math.floor(LATE_START_SHARE * generated))
         expected = min(self.budget - generated, answer)
         if expected * saving >= cost:
             return True

@@ -86,12 +86,16 @@ def test_a_long_prompt_with_a_short_answer_never_pays_the_assistants_prompt_pass
 def test_a_long_prompt_with_a_long_answer_starts_the_assistant_once_it_pays_back(clock):
     target, assistant = models()
     costs = measured_costs(target, assistant)
-    inputs = prompt(150)
-    baseline = generate(target, inputs, max_new_tokens=100)
-    run = assisted(target, assistant, inputs, 100, costs)
+    inputs = prompt(120)
+    baseline = generate(target, inputs, max_new_tokens=130)
+    run = assisted(target, assistant, inputs, 130, costs)
     assert run.new_tokens == baseline.new_tokens
     started = run.assistant_start.started_after
     assert 10 < started < 60
+    # its last refusal: half the answer so far (what it runs on for, two times in three) did not yet pay for the pass
+    last = run.assistant_start
+    assert 0 < last.expected_tokens <= started // 2
+    assert last.expected_tokens * last.saving_per_token_s < last.estimated_prompt_s
     assert assistant_start_reason(run.assistant_start).startswith(
         f"the assistant started after {started} tokens, once the answer")
     steps_after = [s for s in run.steps if sum(len(t.emitted) for t in run.steps[:run.steps.index(s)]) > started]
@@ -122,10 +126,10 @@ def test_the_first_generation_waits_for_its_measurements_and_says_so(clock):
 def test_sampling_with_a_late_assistant_runs_and_matches_itself(clock):
     target, assistant = models()
     costs = measured_costs(target, assistant)
-    runs = [generate(target, prompt(150), assistant_model=assistant, prompt_lookup_num_tokens=5, max_new_tokens=60,
+    runs = [generate(target, prompt(120), assistant_model=assistant, prompt_lookup_num_tokens=5, max_new_tokens=130,
                      do_sample=True, temperature=0.8, seed=3, assistant_payback=copy.deepcopy(costs))
             for _ in range(2)]
-    assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 60
+    assert runs[0].new_tokens == runs[1].new_tokens and len(runs[0].new_tokens) == 130
     assert runs[0].assistant_start.started_after > 0
 
 
