@@ -572,3 +572,18 @@ class RecordedRuns:
         assert run.steps - run.steps_at_close <= 1, (
             f"the comparison of {run.key!r} ran on for {run.steps - run.steps_at_close} steps after its stream was "
             "closed")
+
+
+def draft_greedily_but_claim_samples(monkeypatch) -> None:
+    """A biased assistant, for showing that an exactness test has power: it drafts its most likely token but reports
+    the distribution it should have sampled that token from (and its probability as the confidence)."""
+    from assistgen.engine import drafting
+
+    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
+        candidates, probs = [], []
+        for _ in range(num_candidates):
+            logits = self.assistant.logits(tokens + candidates)[0]
+            probs.append(sampler.probs(logits))
+            candidates.append(int(logits.argmax()))
+        return drafting.Draft(candidates, torch.stack(probs), [float(q[t]) for t, q in zip(candidates, probs)])
+    monkeypatch.setattr(drafting.AssistantCandidates, "get_candidates", get_candidates)

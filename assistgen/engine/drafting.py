@@ -170,7 +170,6 @@ class AssistantWithLookupCandidates:
             draft, start = Draft(lookup, None, confidences), 0
         elif self.gate is not None and not self.gate.ready(tokens):   # a plain step
             draft, start = Draft([]), 0
-            self.gate.plain_step()
         else:
             draft = self.assistant.get_candidates(tokens, num_candidates, sampler, keep_drafting)
             start = len(draft.tokens)
@@ -364,7 +363,7 @@ class PaybackGate:
                                                            # call began; None: no draft call this step
         self._spent = 0.0                                  # seconds of this step spent on the assistant's prompt
         self._generated = 0                                # tokens generated when this step's draft call began
-        self._plain = False                                # this step verifies nothing: a one-row target pass
+        self._plain = False                                # `ready` said no: this step's target pass reads one row
         self.earnings = Earnings()
 
     @property
@@ -377,10 +376,6 @@ class PaybackGate:
             self.prompt_tokens = len(tokens)
         self._generated = len(tokens) - self.prompt_tokens
         self._step_started, self._spent, self._plain = self.started and self.earnings.drafting, 0.0, False
-
-    def plain_step(self) -> None:
-        """This step drafts nothing: its target pass reads one row."""
-        self._plain = True
 
     def update(self, emitted: int, draft_s: float, verify_s: float) -> None:
         """After each step: its `emitted` tokens and measured seconds of drafting and of the target's pass. A step
@@ -407,10 +402,16 @@ class PaybackGate:
             self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
 
     def ready(self, tokens: list[int]) -> bool:
-        """Whether the assistant drafts this step: started already, or starting now because it pays. Its prompt pass
-        then runs here, and its drafting waits for the next step (so that no step's drafting seconds hold a prompt
-        pass), except on the first step, whose target pass reads the prompt too. Once started, it drafts unless it
-        is set aside for not earning on this answer (`Earnings`)."""
+        """Whether the assistant drafts this step (asked where lookup has nothing to propose, so a no makes it a plain
+        step, one row for the target: the pass `Earnings` prices tokens at): started already, or starting now because
+        it pays. Its prompt pass then runs here, and its drafting waits for the next step (so that no step's drafting
+        seconds hold a prompt pass), except on the first step, whose target pass reads the prompt too. Once started,
+        it drafts unless it is set aside for not earning on this answer (`Earnings`)."""
+        drafts = self._drafts_now(tokens)
+        self._plain = not drafts
+        return drafts
+
+    def _drafts_now(self, tokens: list[int]) -> bool:
         if self.started:
             return self.earnings.drafting
         if not self.pays(tokens):

@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 
 from assistgen.comparison.compare import run_generation
-from assistgen.comparison.probe import SpeedProbe
 from assistgen.comparison.request import Settings
 from assistgen.engine.llama_decoder import LlamaDecoderStep
 from assistgen.engine.schedules import AdaptiveSchedule, replay
@@ -40,6 +39,7 @@ from assistgen.models.machine import machine
 from assistgen.models.pool import ModelPool
 from assistgen.models.quantized import Int8Linear
 from assistgen.tools.bench import builtin_items, half, model_inputs
+from assistgen.tools.passcosts import verify_curve
 
 PAIR = "qwen2.5-coder-1.5b-w8a8+0.5b-int8"
 INPUTS = Path(__file__).resolve().parents[1] / "inputs"
@@ -83,19 +83,15 @@ def draft_along(model, lever: str, prompt: list[int], answer: list[int], eos: se
 
 
 def verify_costs(pair, inputs: dict) -> callable:
-    """The target's pass over k rows, measured at `VERIFY_ROWS` (fastest of 3 each) and joined linearly."""
-    probe = SpeedProbe(pair.target.model, inputs, prompt_tokens=None)
-    measured = {k: probe.pass_s(k) for k in VERIFY_ROWS}
+    """The target's pass over k rows (`tools.passcosts.verify_curve` at `VERIFY_ROWS`), joined linearly."""
+    measured = {p["rows"]: p["seconds"] for p in verify_curve(pair.target.model, inputs, VERIFY_ROWS)}
+    known = sorted(measured)
 
     def pass_s(rows: int) -> float:
-        known = sorted(measured)
         if rows in measured:
             return measured[rows]
-        if rows > known[-1]:
-            a, b = known[-2], known[-1]
-        else:
-            a = max(k for k in known if k < rows)
-            b = min(k for k in known if k > rows)
+        above = [k for k in known if k > rows]   # past the last size measured: the last two sizes' line
+        a, b = (max(k for k in known if k < rows), above[0]) if above else known[-2:]
         return measured[a] + (measured[b] - measured[a]) * (rows - a) / (b - a)
     return pass_s
 

@@ -8,7 +8,6 @@ from scipy.stats import chisquare
 
 import helpers as tm
 from assistgen import generate
-from assistgen.engine import drafting
 from assistgen.engine.sampling import Sampler, accept_sampled
 
 VOCAB = 8
@@ -124,16 +123,7 @@ def test_confidence_decisions_keep_speculative_sampling_exact(sampling_pair):
 def test_the_test_detects_greedy_drafts_treated_as_samples(sampling_pair, monkeypatch):
     """The exactness test has power: drafting with argmax but claiming q as the proposal skews the output."""
     target, assistant, prompt = sampling_pair
-
-    def greedy_but_claims_sampled(self, tokens, num_candidates, sampler, keep_drafting=None):
-        candidates, probs = [], []
-        for _ in range(num_candidates):
-            logits = self.assistant.logits(tokens + candidates)[0]
-            probs.append(sampler.probs(logits))
-            candidates.append(int(logits.argmax()))
-        return drafting.Draft(candidates, torch.stack(probs))
-
-    monkeypatch.setattr(drafting.AssistantCandidates, "get_candidates", greedy_but_claims_sampled)
+    tm.draft_greedily_but_claim_samples(monkeypatch)
     with torch.inference_mode():
         expected = _target_joint(target, prompt, 1.0, 1.0)
     counts = _sample_first_tokens(target, assistant, prompt, SAMPLES, 1.0, 1.0)

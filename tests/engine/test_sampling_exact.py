@@ -340,19 +340,7 @@ def test_an_assistant_started_late_keeps_speculative_sampling_exact(pair, tickin
     assert pvalue > ALPHA
 
 
-def drafting_greedily_but_claiming_samples(monkeypatch):
-    """The assistant drafts its most likely token but reports the distribution it should have sampled from."""
-    def get_candidates(self, tokens, num_candidates, sampler, keep_drafting=None):
-        candidates, probs = [], []
-        for _ in range(num_candidates):
-            logits = self.assistant.logits(tokens + candidates)[0]
-            probs.append(sampler.probs(logits))
-            candidates.append(int(logits.argmax()))
-        return Draft(candidates, torch.stack(probs), [float(q[t]) for t, q in zip(candidates, probs)])
-    monkeypatch.setattr(drafting.AssistantCandidates, "get_candidates", get_candidates)
-
-
 def test_the_late_start_test_detects_greedy_drafts_treated_as_samples(pair, ticking_clock, monkeypatch):
-    drafting_greedily_but_claiming_samples(monkeypatch)
+    tm.draft_greedily_but_claim_samples(monkeypatch)
     pvalue, _ = late_start_case(pair).run()
     assert pvalue < ALPHA

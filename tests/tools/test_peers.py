@@ -233,96 +233,86 @@ def _text_pair(catalog):
     return SimpleNamespace(spec=catalog.pair("stub-text"), assistant=object(), mode="same-tokenizer")
 
 
-def test_llama_cpp_starts_a_plain_and_a_speculative_server_on_the_packs_own_files(stub_catalog, llama_stub, tmp_path):
-    from assistgen.tools.peers import SPEC_DRAFT_N_MAX, THREADS, LlamaCppPeer
+@pytest.fixture
+def llama_peer(stub_catalog, llama_stub, tmp_path):
+    """(a LlamaCppPeer for the stub text pair, on the stub server; the stub's folder), closed afterwards."""
+    from assistgen.tools.peers import LlamaCppPeer
     binary, folder = llama_stub
     peer = LlamaCppPeer(_text_pair(stub_catalog), stub_catalog, binary=str(binary), log_dir=tmp_path)
-    try:
-        assert peer.variants == ("plain", "speculative")
-        packs = tmp_path / "cache" / "packs"
-        target, draft = packs / "stub-target" / "target.gguf", packs / "stub-draft" / "draft.gguf"
-        assert target.read_bytes() == b"GGUF target " * 64 and draft.read_bytes() == b"GGUF draft " * 64
-        for name, server in peer.servers.items():
-            argv = _records(folder, server)[0]["argv"]
-            assert argv[argv.index("-m") + 1] == str(target)
-            assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == str(server.port)
-            assert argv[argv.index("-t") + 1] == argv[argv.index("-tb") + 1] == str(THREADS)
-            assert argv[argv.index("-np") + 1] == "1"   # one slot: one request at a time, as ours run
-            if name == "plain":
-                assert "-md" not in argv and "--spec-draft-n-max" not in argv
-            else:
-                assert argv[argv.index("-md") + 1] == str(draft)
-                assert argv[argv.index("--spec-draft-n-max") + 1] == str(SPEC_DRAFT_N_MAX)
-                assert argv[argv.index("-td") + 1] == argv[argv.index("-tbd") + 1] == str(THREADS)
-            assert peer.settings[name] == " ".join(argv)
-    finally:
-        peer.close()
+    yield peer, folder
+    peer.close()
+
+
+def test_llama_cpp_starts_a_plain_and_a_speculative_server_on_the_packs_own_files(llama_peer, tmp_path):
+    from assistgen.tools.peers import SPEC_DRAFT_N_MAX, THREADS
+    peer, folder = llama_peer
+    assert peer.variants == ("plain", "speculative")
+    packs = tmp_path / "cache" / "packs"
+    target, draft = packs / "stub-target" / "target.gguf", packs / "stub-draft" / "draft.gguf"
+    assert target.read_bytes() == b"GGUF target " * 64 and draft.read_bytes() == b"GGUF draft " * 64
+    for name, server in peer.servers.items():
+        argv = _records(folder, server)[0]["argv"]
+        assert argv[argv.index("-m") + 1] == str(target)
+        assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == str(server.port)
+        assert argv[argv.index("-t") + 1] == argv[argv.index("-tb") + 1] == str(THREADS)
+        assert argv[argv.index("-np") + 1] == "1"   # one slot: one request at a time, as ours run
+        if name == "plain":
+            assert "-md" not in argv and "--spec-draft-n-max" not in argv
+        else:
+            assert argv[argv.index("-md") + 1] == str(draft)
+            assert argv[argv.index("--spec-draft-n-max") + 1] == str(SPEC_DRAFT_N_MAX)
+            assert argv[argv.index("-td") + 1] == argv[argv.index("-tbd") + 1] == str(THREADS)
+        assert peer.settings[name] == " ".join(argv)
+    peer.close()
     assert all(server.process.poll() is not None for server in peer.servers.values())   # stopped
 
 
-def test_llama_cpp_sends_our_prompt_as_token_ids_greedy_and_reads_its_tokens_and_timings(stub_catalog, llama_stub,
-                                                                                        tmp_path):
+def test_llama_cpp_sends_our_prompt_as_token_ids_greedy_and_reads_its_tokens_and_timings(llama_peer):
     import torch
-    from assistgen.tools.peers import LlamaCppPeer
-    binary, folder = llama_stub
-    peer = LlamaCppPeer(_text_pair(stub_catalog), stub_catalog, binary=str(binary), log_dir=tmp_path)
-    try:
-        ids = [151644, 872, 198, 750, 912, 2877]
-        inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-        item = Item("code", "chat", "add", text="def add(a, b):")
-        _reply(folder, 200, COMPLETION)
-        run = peer.run("speculative", item, inputs, Settings(max_new_tokens=4, seed=7))
-        (request,) = [r for r in _records(folder, peer.servers["speculative"]) if "path" in r]
-        assert request["path"] == "/completion" and request["content_type"] == "application/json"
-        assert request["body"] == {"prompt": ids, "n_predict": 4, "temperature": 0.0, "top_k": 1,
-                                   "cache_prompt": False, "return_tokens": True, "stream": False, "seed": 7}
-        assert run.window_tokens == [[470, 264, 488, 293]]
-        assert run.detail == {"prompt_tokens": 6, "prompt_tokens_per_s": 240.0, "decode_tokens_per_s": 25.0,
-                              "draft_tokens": 6, "draft_accepted": 3, "stop_type": "limit"}
-        assert run.latency_s > 0
-        # the plain server's answer has no draft figures, and the run none either
-        plain = {**COMPLETION, "timings": {k: v for k, v in COMPLETION["timings"].items() if not k.startswith("draft")}}
-        _reply(folder, 200, plain)
-        run = peer.run("plain", item, inputs, Settings(max_new_tokens=4))
-        assert run.window_tokens == [[470, 264, 488, 293]] and "draft_tokens" not in run.detail
-        assert [r["body"]["prompt"] for r in _records(folder, peer.servers["plain"]) if "path" in r] == [ids]
-    finally:
-        peer.close()
+    peer, folder = llama_peer
+    ids = [151644, 872, 198, 750, 912, 2877]
+    inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+    item = Item("code", "chat", "add", text="def add(a, b):")
+    _reply(folder, 200, COMPLETION)
+    run = peer.run("speculative", item, inputs, Settings(max_new_tokens=4, seed=7))
+    (request,) = [r for r in _records(folder, peer.servers["speculative"]) if "path" in r]
+    assert request["path"] == "/completion" and request["content_type"] == "application/json"
+    assert request["body"] == {"prompt": ids, "n_predict": 4, "temperature": 0.0, "top_k": 1,
+                               "cache_prompt": False, "return_tokens": True, "stream": False, "seed": 7}
+    assert run.window_tokens == [[470, 264, 488, 293]]
+    assert run.detail == {"prompt_tokens": 6, "prompt_tokens_per_s": 240.0, "decode_tokens_per_s": 25.0,
+                          "draft_tokens": 6, "draft_accepted": 3, "stop_type": "limit"}
+    assert run.latency_s > 0
+    # the plain server's answer has no draft figures, and the run none either
+    plain = {**COMPLETION, "timings": {k: v for k, v in COMPLETION["timings"].items() if not k.startswith("draft")}}
+    _reply(folder, 200, plain)
+    run = peer.run("plain", item, inputs, Settings(max_new_tokens=4))
+    assert run.window_tokens == [[470, 264, 488, 293]] and "draft_tokens" not in run.detail
+    assert [r["body"]["prompt"] for r in _records(folder, peer.servers["plain"]) if "path" in r] == [ids]
 
 
-def test_llama_cpp_refuses_sampling_and_speech_before_sending_anything(stub_catalog, llama_stub, tmp_path):
+def test_llama_cpp_refuses_sampling_and_speech_before_sending_anything(llama_peer):
     import torch
-    from assistgen.tools.peers import LlamaCppPeer
-    binary, folder = llama_stub
-    peer = LlamaCppPeer(_text_pair(stub_catalog), stub_catalog, binary=str(binary), log_dir=tmp_path)
-    try:
-        text = {"input_ids": torch.tensor([[1, 2, 3]])}
-        with pytest.raises(ValueError, match="greedy only"):
-            peer.run("plain", Item("chat", "chat", "x", text="x"), text, Settings(max_new_tokens=4, temperature=0.7))
-        with pytest.raises(ValueError, match="text prompts only"):
-            peer.run("plain", Item("speech", "asr", "x", audio="x.wav"), {"input_features": torch.zeros(1, 80, 30)},
-                     Settings(max_new_tokens=4))
-        assert not [r for r in _records(folder, peer.servers["plain"]) if "path" in r]
-    finally:
-        peer.close()
+    peer, folder = llama_peer
+    text = {"input_ids": torch.tensor([[1, 2, 3]])}
+    with pytest.raises(ValueError, match="greedy only"):
+        peer.run("plain", Item("chat", "chat", "x", text="x"), text, Settings(max_new_tokens=4, temperature=0.7))
+    with pytest.raises(ValueError, match="text prompts only"):
+        peer.run("plain", Item("speech", "asr", "x", audio="x.wav"), {"input_features": torch.zeros(1, 80, 30)},
+                 Settings(max_new_tokens=4))
+    assert not [r for r in _records(folder, peer.servers["plain"]) if "path" in r]
 
 
-def test_llama_cpp_fails_with_the_servers_own_error_when_a_request_is_refused(stub_catalog, llama_stub, tmp_path):
+def test_llama_cpp_fails_with_the_servers_own_error_when_a_request_is_refused(llama_peer):
     import urllib.error
-
     import torch
-    from assistgen.tools.peers import LlamaCppPeer
-    binary, folder = llama_stub
-    peer = LlamaCppPeer(_text_pair(stub_catalog), stub_catalog, binary=str(binary), log_dir=tmp_path)
-    try:
-        message = "the request exceeds the available context size, try increasing it"
-        _reply(folder, 400, {"error": {"code": 400, "message": message, "type": "exceed_context_size_error"}})
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            peer.run("plain", Item("chat", "chat", "x", text="x"), {"input_ids": torch.tensor([[1, 2, 3]])},
-                     Settings(max_new_tokens=4))
-        assert refused.value.code == 400 and message in refused.value.read().decode()
-    finally:
-        peer.close()
+    peer, folder = llama_peer
+    message = "the request exceeds the available context size, try increasing it"
+    _reply(folder, 400, {"error": {"code": 400, "message": message, "type": "exceed_context_size_error"}})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        peer.run("plain", Item("chat", "chat", "x", text="x"), {"input_ids": torch.tensor([[1, 2, 3]])},
+                 Settings(max_new_tokens=4))
+    assert refused.value.code == 400 and message in refused.value.read().decode()
 
 
 def test_a_llama_server_that_exits_or_never_gets_ready_fails_with_its_command_and_log(stub_catalog, llama_stub,
