@@ -117,6 +117,15 @@ def qwen2(seed: int, *, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, i
     return _seeded(lambda: Qwen2ForCausalLM(config), seed)
 
 
+def w8a8_qwen2(seed: int, **kwargs) -> Qwen2ForCausalLM:
+    """A tiny Qwen2 as a w8a8 target: int8 products with one input scale a row, attention row-invariant."""
+    from assistgen.engine import attention
+    from assistgen.models import quantized
+    model = quantized.quantize(qwen2(seed, init=0.2, **kwargs), quantized.RowInt8Linear)
+    attention.use_row_invariant_attention(model)
+    return model
+
+
 def llama(seed: int, *, layers: int = 2) -> "LlamaForCausalLM":
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,

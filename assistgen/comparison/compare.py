@@ -10,6 +10,7 @@ from ..choices import DRAFT_SOURCES
 from ..engine.decoding import GenerationResult, Step, joined, prepare, speculative_decode
 from ..engine.decoding import draft_source as engine_draft_source
 from ..engine.drafting import SET_ASIDE_BELOW, AssistantStart, PaybackCosts
+from ..engine.kv import keep_shared_prefix
 from ..engine.sampling import Sampler
 from ..engine.schedules import AdaptiveSchedule, make_schedule
 from ..engine.static_steps import prepare_graphs
@@ -31,7 +32,8 @@ def time_breakdown(result: GenerationResult) -> dict:
     """Where a run's seconds went, from measured parts that add up to its latency.
 
     setup: before the first step (an encoder, the KV caches); prompt: the first step (the prompt pass, and in an
-    assisted run the assistant's prompt pass and first draft too); then the later steps' drafting and verifying
+    assisted run the assistant's prompt pass and first draft too; `prompt_tokens_kept` of the prompt's first tokens
+    taken from the target's `engine.prefix_cache`, not read); then the later steps' drafting and verifying
     (target passes); other: what is left (bookkeeping, streaming callbacks; the assistant's prompt pass and first
     draft are in the first step's).
     """
@@ -44,6 +46,7 @@ def time_breakdown(result: GenerationResult) -> dict:
     rows = sum(len(s.candidates) + 1 for s in later)
     return {"setup_s": round(result.setup_s, 4), "prompt_s": round(prompt, 4), "drafting_s": round(drafting, 4),
             "verifying_s": round(verifying, 4), "passes_after_prompt": len(later), "rows_verified": rows,
+            "prompt_tokens_kept": result.prompt_tokens_kept,
             "s_per_pass": round(verifying / len(later), 5) if later else None,
             "s_per_row": round(verifying / rows, 5) if rows else None,
             "other_s": round(max(0.0, result.latency_s - result.setup_s - prompt - drafting - verifying), 4)}
@@ -279,6 +282,10 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
             schedule = make_schedule(settings.schedule, settings.num_assistant_tokens)
         sampler = (Sampler(settings.temperature, settings.top_p, settings.seed, device=pair.target.model.device)
                    if settings.do_sample else None)
+        # the prompt's shared beginning, read untimed once a model: every run of this input takes it from the cache
+        keep_shared_prefix(pair.target.model, model_inputs)
+        if assistant is not None and tokenizers is None:
+            keep_shared_prefix(assistant, model_inputs, assistant=True)
         # the run's clock starts here: its setup (an encoder, the KV caches, the draft source) counts in its latency
         target = prepare(pair.target.model, model_inputs, settings.max_new_tokens, list(pair.target.eos_token_ids))
         source = None if draft_source is None else engine_draft_source(

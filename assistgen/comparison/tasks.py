@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ..choices import MAX_INPUT_TOKENS
 from ..engine.decoding import max_positions
+from ..engine.kv import common_prefix
+from ..engine.prefix_cache import SHARED_PREFIX
 from ..models.loading import LoadedPair
 
 LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "Chinese", "Japanese", "Russian",
@@ -48,10 +50,15 @@ def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str 
         raise InputError(f"unknown target language {target_language!r}; choose from {', '.join(LANGUAGES)}")
     tokenizer = pair.target.tokenizer
     style = pair.spec.prompt_style
+    shared = 0
     if style == "chat_template":
-        messages = [{"role": "user", "content": _instruction(task, text.strip(), target_language)}]
-        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")
+        def rendered(content: str):
+            messages = [{"role": "user", "content": _instruction(task, content, target_language)}]
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                                 return_tensors="pt")
+        inputs = rendered(text.strip())
+        shared = _shared_prefix(inputs["input_ids"][0].tolist(), rendered("A")["input_ids"][0].tolist(),
+                                rendered("B")["input_ids"][0].tolist())
     elif style == "instruction":
         prefix = {"translation": f"translate English to {target_language}: ", "summarization": "summarize: "}
         inputs = tokenizer(prefix.get(task, "") + text.strip(), return_tensors="pt")
@@ -65,7 +72,13 @@ def text_inputs(pair: LoadedPair, task: str, text: str, *, target_language: str 
     if positions is not None and n >= positions:   # no room left for a single new token
         raise InputError(f"the text is {n:,} tokens; {pair.target.spec.name} reads at most {positions:,} positions, "
                          "its answer included: shorten it")
-    return {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+    return {**{k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}, SHARED_PREFIX: shared}
+
+
+def _shared_prefix(prompt: list[int], one: list[int], other: list[int]) -> int:
+    """How many of `prompt`'s first tokens come from the template and the instruction, not from the text: what the
+    prompt shares with the same template around a one-letter text (`one`), up to where two such texts part."""
+    return min(common_prefix(prompt, one), common_prefix(one, other), len(prompt) - 1)
 
 
 def decode(pair: LoadedPair, tokens: list[int]) -> str:

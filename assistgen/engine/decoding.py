@@ -16,6 +16,7 @@ from .drafting import (AssistantCandidates, AssistantStart, AssistantWithLookupC
                        PaybackGate, PromptLookupCandidates)
 from .encoders import assistant_encoder_outputs
 from .kv import CachedDecoder, eos_token_ids
+from .prefix_cache import shared_prefix_length
 from .retokenizing import different_tokenizer_source
 from .whisper_decoder import AUDIO_MARGIN_S
 from .sampling import Sampler, accept_greedy, accept_sampled
@@ -47,6 +48,7 @@ class GenerationResult:
     prompt_steps: tuple[int, ...] = (0,)  # the steps that read a prompt: the first, or each window's first (joined)
     windows: list[dict] | None = None     # per window of a joined run: its own figures
     assistant_start: AssistantStart | None = None   # when the assistant started, beside lookup (`drafting.PaybackGate`)
+    prompt_tokens_kept: int = 0           # the prompt's first tokens the target took from `prefix_cache`, not read
 
     @property
     def tokens_per_pass(self) -> float:
@@ -118,7 +120,9 @@ class Target:
 @torch.inference_mode()
 def prepare(model, inputs: dict, max_new_tokens: int, eos_token_id: int | list[int] | None = None) -> Target:
     """Set up `model` to generate up to `max_new_tokens` tokens after `inputs` (batch size 1): its encoder runs here
-    (an encoder-decoder's), and the prompt waits for the first step."""
+    (an encoder-decoder's), and the prompt waits for the first step. `inputs` may say how many of the prompt's
+    first tokens other prompts share (`prefix_cache.SHARED_PREFIX`): their keys and values are then kept, for this
+    model and its assistant, and taken by the next prompt that begins with them."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     started = synchronized_clock(model.device)()
@@ -127,7 +131,8 @@ def prepare(model, inputs: dict, max_new_tokens: int, eos_token_id: int | list[i
     budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
-    return Target(CachedDecoder(model, inputs, prefix_length=len(prefix)), inputs, prefix,
+    decoder = CachedDecoder(model, inputs, prefix_length=len(prefix), shared_prefix=shared_prefix_length(inputs))
+    return Target(decoder, inputs, prefix,
                   eos_token_ids(model, eos_token_id), budget,
                   "max_new_tokens" if budget == max_new_tokens else "max_length", started)
 
@@ -154,10 +159,12 @@ def draft_source(target: Target, *, assistant_model=None, lookup: bool = False, 
         encoder_outputs = target.decoder.encoder_outputs
         own = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
         shared = target.decoder.cross_key_values if own is encoder_outputs else None
-        source = AssistantCandidates(CachedDecoder(assistant_model, inputs, prefix_length=len(prefix),
-                                                   encoder_outputs=own, assistant=True, target_key_values=shared), eos)
+        assistant = CachedDecoder(assistant_model, inputs, prefix_length=len(prefix), encoder_outputs=own,
+                                  assistant=True, target_key_values=shared, shared_prefix=shared_prefix_length(inputs))
+        source = AssistantCandidates(assistant, eos)
         if payback is not None:
-            gate = PaybackGate(source.prefill, payback, target.budget, synchronized_clock(model.device))
+            gate = PaybackGate(source.prefill, payback, target.budget, synchronized_clock(model.device),
+                               skipped=(target.decoder.shared_prefix, assistant.shared_prefix))
     else:
         source = different_tokenizer_source(model, assistant_model, inputs, prefix, eos, *tokenizers,
                                              audio_margin_s=audio_margin_s)
@@ -293,4 +300,5 @@ def speculative_decode(target: Target, source: CandidateGenerator | None, schedu
     gate = source.gate if isinstance(source, AssistantWithLookupCandidates) else None
     return GenerationResult(new_tokens, steps, target.decoder.passes, source.passes if source is not None else 0,
                             clock() - started, stop_reason, setup_s,
-                            assistant_start=None if gate is None else gate.decision(len(new_tokens)))
+                            assistant_start=None if gate is None else gate.decision(len(new_tokens)),
+                            prompt_tokens_kept=target.decoder.kept_prefix)

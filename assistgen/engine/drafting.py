@@ -301,9 +301,10 @@ class AssistantStart:
     started_after: int | None            # tokens generated when the assistant started; None: it never did
     generated: int                       # the answer's length
     assistant_prompt_s: float | None = None   # its prompt pass, as measured, once it started
-    assistant_prompt_tokens: int | None = None
-    # the last refusal: the estimated prompt pass, the seconds the assistant saves a token, and the tokens the answer
-    # could still be expected to run; None when the gate never refused on a priced pass
+    assistant_prompt_tokens: int | None = None   # the tokens that pass read (a kept beginning left out: `prefix_cache`)
+    # the last refusal: the estimated prompt pass (and the tokens it would read), the seconds the assistant saves a
+    # token, and the tokens the answer could still be expected to run; None when the gate never refused on a priced
+    # pass
     estimated_prompt_s: float | None = None
     estimated_prompt_tokens: int | None = None
     saving_per_token_s: float | None = None
@@ -347,11 +348,14 @@ class PaybackGate:
     lookup alone; then the assistant reads the prompt and the answer so far in one pass (`prefill`, timed with
     `clock`). The decoding loop feeds every step's measured seconds through `update`: the first step's target pass
     read the prompt, the later ones price lookup-only and assisted decoding, and judge what the assistant earns on
-    this answer once started (`Earnings`: set aside while it does not pay)."""
+    this answer once started (`Earnings`: set aside while it does not pay). Prompt passes are priced by the tokens
+    they read: `skipped` says how many of the prompt's first tokens the target's and the assistant's take from
+    `prefix_cache` instead."""
 
     def __init__(self, prefill: Callable[[list[int]], None], costs: PaybackCosts, budget: int,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], skipped: tuple[int, int] = (0, 0)):
         self.prefill, self.costs, self.budget, self.clock = prefill, costs, budget, clock
+        self.skipped = skipped
         self.prompt_tokens: int | None = None
         self.started_after: int | None = None              # tokens generated when the assistant started
         self.assistant_prompt: tuple[float, int] | None = None   # its prompt pass: (seconds, tokens)
@@ -384,7 +388,7 @@ class PaybackGate:
         if started is None:
             return
         if self._prompt_s is None:   # the first target pass read the prompt
-            self._prompt_s = self.costs.target_prompt_s = verify_s / self.prompt_tokens
+            self._prompt_s = self.costs.target_prompt_s = verify_s / self._read(self.prompt_tokens, target=True)
             if self.assistant_prompt is not None:
                 seconds, count = self.assistant_prompt
                 self.costs.assistant_over_target = seconds / count / self._prompt_s
@@ -419,7 +423,7 @@ class PaybackGate:
         begun = self.clock()
         self.prefill(tokens)
         self._spent = self.clock() - begun
-        self.assistant_prompt = (self._spent, len(tokens))
+        self.assistant_prompt = (self._spent, self._read(len(tokens)))
         self.started_after = len(tokens) - self.prompt_tokens
         return self.started_after == 0
 
@@ -432,14 +436,20 @@ class PaybackGate:
         saving = self.costs.saving_per_token(lookup_s)
         if prompt_s is None or saving is None:
             return False
-        cost = self.costs.assistant_over_target * prompt_s * len(tokens)
+        read = self._read(len(tokens))
+        cost = self.costs.assistant_over_target * prompt_s * read
         answer = (max(generated, PRIOR_ANSWER_TOKENS) if cost <= PRIOR_RISK_TOKENS * lookup_s
                   else math.floor(LATE_START_SHARE * generated))
         expected = min(self.budget - generated, answer)
         if expected * saving >= cost:
             return True
-        self.refused = (cost, len(tokens), saving, expected)
+        self.refused = (cost, read, saving, expected)
         return False
+
+    def _read(self, tokens: int, target: bool = False) -> int:
+        """The tokens a prompt pass over `tokens` reads, its kept prefix left out."""
+        skipped = self.skipped[0] if target else self.skipped[1]
+        return tokens - skipped if skipped < tokens else tokens
 
     def decision(self, generated: int) -> AssistantStart:
         """When the assistant started, and on what figures (`generated`: the answer's length)."""

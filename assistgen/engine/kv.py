@@ -6,9 +6,10 @@ import inspect
 import torch
 
 from . import attention, llama_decoder, static_steps, whisper_decoder
+from .prefix_cache import prefix_cache, shared_prefix_length
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -48,11 +49,15 @@ class CachedDecoder:
     (`attention.separate_prompt_pass`). On a CUDA device a Llama or Qwen2 model, target or assistant, runs through
     `static_steps.StaticCacheStep` instead: a static cache, each pass replayed as a CUDA graph
     (`static_steps.use_static_steps`).
+
+    `shared_prefix`: the prompt's first tokens that other prompts share (a chat template's, an instruction's). A
+    model run through `LlamaDecoderStep` reads them in a pass of their own, or takes their keys and values from the
+    last prompt that read them (`prefix_cache`), then the rest of the prompt in one pass; any other model ignores it.
     """
 
     @torch.inference_mode()   # the encoder runs here: without it, autograd would keep its activations
     def __init__(self, model, inputs: dict, *, prefix_length: int, encoder_outputs=None, assistant: bool = False,
-                 target_key_values: whisper_decoder.KeyValues | None = None):
+                 target_key_values: whisper_decoder.KeyValues | None = None, shared_prefix: int = 0):
         self.model = model
         self.device = model.device
         self.passes = 0
@@ -94,6 +99,9 @@ class CachedDecoder:
             self._step = static_steps.StaticCacheStep(model)
         elif (assistant or self._prompt_apart) and llama_decoder.supports(model):
             self._step = llama_decoder.LlamaDecoderStep(model, row_invariant=self._prompt_apart)
+        # the tokens of the prompt its first pass takes from `prefix_cache`: 0 where this model keeps no prefix
+        self.shared_prefix = shared_prefix if isinstance(self._step, llama_decoder.LlamaDecoderStep) else 0
+        self.kept_prefix = 0   # the tokens of it the first pass took from the cache (0: read them itself)
 
     @torch.inference_mode()
     def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
@@ -101,7 +109,7 @@ class CachedDecoder:
 
         One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen.
         """
-        reuse = min(_common_prefix(self._seen, tokens), len(tokens) - keep)
+        reuse = min(common_prefix(self._seen, tokens), len(tokens) - keep)
         logits = self._logits(tokens, reuse, keep)
         self._seen = list(tokens)
         self.passes += 1
@@ -110,12 +118,29 @@ class CachedDecoder:
         return logits
 
     def _logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
+        end = len(tokens) - keep + 1   # on the first pass, the prompt: what the baseline's first pass reads
+        if reuse == 0 and 0 < self.shared_prefix < end:   # the shared beginning, then the rest of the prompt
+            self._read_shared_prefix(tokens[:self.shared_prefix])
+            first = self._step.logits(tokens[self.shared_prefix:end], self.shared_prefix, 1, prompt=True)
+            return first if keep == 1 else torch.cat([first, self._logits(tokens, end, keep - 1)])
         if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
             first = self._logits(tokens[:len(tokens) - keep + 1], 0, 1)
             return torch.cat([first, self._logits(tokens, len(tokens) - keep + 1, keep - 1)])
         if self._step is not None:
             return self._step.logits(tokens[reuse:], reuse, keep)
         return self._transformers_logits(tokens, reuse, keep)
+
+    def _read_shared_prefix(self, prefix: list[int]) -> None:
+        """Fill the step's buffers with `prefix`'s keys and values: kept ones, or read now (in a pass of its own,
+        cached or not, so that they are the same bits either way) and kept."""
+        kept = prefix_cache(self.model)
+        key_values = kept.get(prefix)
+        if key_values is None:
+            self._step.logits(prefix, 0, 1)
+            kept.put(prefix, self._step.key_values(len(prefix)))
+        else:
+            self._step.load(key_values)
+            self.kept_prefix = len(prefix)
 
     def _transformers_logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
         cached = self._cache.get_seq_length() if self._cache is not None else 0
@@ -138,6 +163,20 @@ class CachedDecoder:
         if self._begin_suppress and 0 <= row < logits.shape[0]:
             logits[row, self._begin_suppress] = -float("inf")
         return logits
+
+
+@torch.inference_mode()
+def keep_shared_prefix(model, inputs: dict, *, assistant: bool = False) -> None:
+    """Read the shared beginning of a decoder-only prompt (`prefix_cache.SHARED_PREFIX` of `inputs`) into `model`'s
+    prefix cache now, unless it is there: run before a comparison's runs, so that each of them, baseline or assisted,
+    takes it from the cache alike (`assistant`: the model drafts, as in `CachedDecoder`)."""
+    shared = shared_prefix_length(inputs)
+    if not shared or model.config.is_encoder_decoder:
+        return
+    ids = [int(i) for i in inputs["input_ids"][0]]
+    decoder = CachedDecoder(model, inputs, prefix_length=len(ids), assistant=assistant, shared_prefix=shared)
+    if 0 < decoder.shared_prefix < len(ids):
+        decoder._read_shared_prefix(ids[:shared])
 
 
 def eos_token_ids(model, eos_token_id=None) -> set[int]:

@@ -108,7 +108,10 @@ class LlamaDecoderStep:
         self.layers = [_Layer(layer, self.kv_heads, self.head_dim, model.dtype, self.device) for layer in inner.layers]
 
     @torch.inference_mode()
-    def logits(self, new: list[int], start: int, keep: int = 1) -> torch.Tensor:
+    def logits(self, new: list[int], start: int, keep: int = 1, *, prompt: bool = False) -> torch.Tensor:
+        """`prompt`: the new tokens are the rest of a prompt whose kept beginning fills the buffers
+        (`prefix_cache`), read as one pass of the fused kernel, as a prompt is, even in a row-invariant model (the
+        baseline and the assisted run both read it so)."""
         n = len(new)
         end = start + n
         if self.max_length is not None and end > self.max_length:
@@ -122,20 +125,33 @@ class LlamaDecoderStep:
             mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
         for layer in self.layers:
             layer.reserve(end)
-            hidden = hidden + self._attention(layer, layer.input_norm(hidden), start, end, cos, sin, mask)
+            hidden = hidden + self._attention(layer, layer.input_norm(hidden), start, end, cos, sin, mask, prompt)
             x = layer.post_norm(hidden)
             gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
             hidden = hidden + layer.down(F.silu(gate) * up)
         return self.lm_head(self.final_norm(hidden[:, n - keep:]))[0].float()
 
-    def _attention(self, layer: _Layer, x, start: int, end: int, cos, sin, mask) -> torch.Tensor:
+    def key_values(self, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every layer's keys and values for the first `end` positions (for `prefix_cache`)."""
+        return [(layer.keys[:, :, :end].clone(), layer.values[:, :, :end].clone()) for layer in self.layers]
+
+    def load(self, key_values: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Fill the buffers' first positions with `key_values` (from `key_values`), as though those tokens had been
+        fed."""
+        for layer, (keys, values) in zip(self.layers, key_values, strict=True):
+            end = keys.shape[2]
+            layer.reserve(end)
+            layer.keys[:, :, :end] = keys
+            layer.values[:, :, :end] = values
+
+    def _attention(self, layer: _Layer, x, start: int, end: int, cos, sin, mask, prompt: bool) -> torch.Tensor:
         n = x.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = layer.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = _rotate(q.view(1, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
         layer.keys[:, :, start:end] = _rotate(k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
         layer.values[:, :, start:end] = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        if self.row_invariant and start > 0 and n > 1:   # each row as its own one-token step computes it
+        if self.row_invariant and start > 0 and n > 1 and not prompt:   # each row as its one-token step computes it
             out = torch.cat([self._sdpa(layer, q[:, :, i:i + 1], start + i + 1, None) for i in range(n)], dim=2)
         else:
             out = self._sdpa(layer, q, end, mask)

@@ -45,6 +45,7 @@ from ..comparison.acceptance import acceptance
 from ..comparison.sweep import point_settings, sweep_plan
 from ..comparison.speech import window_language
 from ..engine.decoding import GenerationResult, synchronized_clock
+from ..engine.prefix_cache import without_shared_prefix
 from ..models.catalog import CatalogError, load_catalog
 from ..models.devices import dtype_name
 from ..models.loading import offloaded
@@ -174,7 +175,7 @@ def _peer(pair, inputs: dict, settings: Settings, schedule: str) -> tuple[list[i
             kwargs.update(language=window_language(pair, inputs), task="transcribe")
     else:
         prefix = inputs["input_ids"][0].tolist()
-        model_inputs = inputs
+        model_inputs = without_shared_prefix(inputs)   # transformers reads the whole prompt each time
     torch.manual_seed(settings.seed)
     clock = synchronized_clock(target.device)
     start = clock()

@@ -92,6 +92,11 @@ def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_
                                             Step([4], 0, [7], 5, 0.01, 0.03)], 3, 3, 0.6, "eos", 0.4)
     text = explanation({"baseline": run_figures(plain, "x"), "assisted": run_figures(rejected, "x")})
     assert "The target ran" not in text and "A verifying pass cost 1.50× a plain one, and drafting added 0.02 s." in text
+    assert "from the cache" not in text
+    kept = [GenerationResult(r.new_tokens, r.steps, r.target_passes, r.assistant_passes, r.latency_s, r.stop_reason,
+                             r.setup_s, prompt_tokens_kept=37) for r in (plain, rejected)]
+    text = explanation({"baseline": run_figures(kept[0], "x"), "assisted": run_figures(kept[1], "x")})
+    assert "Both first steps took the prompt's first 37 tokens (the template's and the instruction's) from the cache" in text
 
 
 def test_the_summary_names_draft_source_pair_kind_and_machine_in_words():

@@ -9,6 +9,7 @@ import soundfile as sf
 from assistgen.choices import MAX_INPUT_TOKENS, Limits, limits_from_env
 from assistgen.comparison.request import build_request, pair_for_task, request_inputs, request_settings
 from assistgen.comparison.tasks import InputError, text_inputs
+from assistgen.engine.prefix_cache import SHARED_PREFIX
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
 
@@ -179,3 +180,20 @@ def test_request_inputs_are_the_tasks_own_and_speech_is_in_the_language_asked_fo
     with pytest.raises(InputError, match="does not know the language 'xx'"):
         request_inputs(build_request(speech_spec, "asr", request_settings(speech_spec), audio=audio,
                                      language="xx"), speech)
+
+
+def test_a_prompt_says_how_much_of_it_the_template_and_the_instruction_make(pool):
+    """The shared beginning a model may keep (`engine.prefix_cache`): the same tokens for any text of the task, the
+    text itself after it."""
+    pair = pool.pair("tiny-text")
+    tokenizer = pair.target.tokenizer
+    for task in ("chat", "translation", "summarization"):
+        one = text_inputs(pair, task, "The quick brown fox.")
+        other = text_inputs(pair, task, "Assisted generation is fast.")
+        shared = one[SHARED_PREFIX]
+        assert shared == other[SHARED_PREFIX] > 0
+        ids, other_ids = one["input_ids"][0].tolist(), other["input_ids"][0].tolist()
+        assert ids[:shared] == other_ids[:shared] and ids[shared] != other_ids[shared]
+        assert tokenizer.decode(ids[shared:]).startswith("The")
+    assert (text_inputs(pair, "translation", "Hello.")[SHARED_PREFIX]
+            > text_inputs(pair, "chat", "Hello.")[SHARED_PREFIX])   # the instruction is shared too

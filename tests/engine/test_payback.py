@@ -31,7 +31,7 @@ def clock(monkeypatch):
     logits = kv.CachedDecoder.logits
 
     def timed(self, tokens, keep=1):
-        new = len(tokens) - min(kv._common_prefix(self._seen, tokens), len(tokens) - keep)
+        new = len(tokens) - min(kv.common_prefix(self._seen, tokens), len(tokens) - keep)
         target = getattr(self.model, "is_target", False)
         clock.now += (TARGET_PASS_S + TARGET_TOKEN_S * new) if target else (ASSISTANT_PASS_S + ASSISTANT_TOKEN_S * new)
         return logits(self, tokens, keep)
@@ -207,3 +207,20 @@ def test_earnings_judge_after_enough_steps_and_pause_twice_as_long_each_time():
     assert not earnings.drafting
     earnings.idle()
     assert earnings.drafting
+
+
+def test_prompt_passes_are_priced_by_the_tokens_they_read():
+    """A prompt whose beginning both models keep (`engine.prefix_cache`): the target's measured prompt pass is per
+    token it read, and the assistant's is estimated over the tokens it would read."""
+    def estimate(skipped):
+        costs = drafting.PaybackCosts(assistant_over_target=0.3)
+        costs.lookup.add(0.05, 1)
+        gate = drafting.PaybackGate(lambda tokens: None, costs, budget=100, clock=lambda: 0.0, skipped=skipped)
+        tokens = list(range(50))
+        gate.begin(tokens)
+        gate.update(1, 0.0, 2.0)   # the first step's target pass: 2 s
+        gate.begin(tokens + [7])
+        assert not gate.pays(tokens + [7])   # one token of answer pays for no prompt pass
+        return costs.target_prompt_s, gate.refused[0]
+    assert estimate((0, 0)) == pytest.approx((2.0 / 50, 0.3 * 2.0 / 50 * 51))
+    assert estimate((30, 40)) == pytest.approx((2.0 / 20, 0.3 * 2.0 / 20 * 11))

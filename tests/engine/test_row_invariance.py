@@ -14,12 +14,6 @@ from assistgen.models import quantized
 pytestmark = tm.CPU_ONLY
 
 
-def _w8a8(seed: int, **kwargs):
-    model = quantized.quantize(tm.qwen2(seed, init=0.2, **kwargs), quantized.RowInt8Linear)
-    attention.use_row_invariant_attention(model)
-    return model
-
-
 def _rows_of_mixed_sizes(rows: int, width: int) -> torch.Tensor:
     torch.manual_seed(0)
     return torch.randn(rows, width) * torch.logspace(-2, 2, rows)[:, None]
@@ -83,19 +77,19 @@ def _verified_and_stepped(model, path: str, row_invariant: bool = True):
 
 @pytest.mark.parametrize("path", ["lean", "transformers"])
 def test_a_verification_pass_equals_one_token_steps_bit_for_bit(path):
-    together, one_by_one = _verified_and_stepped(_w8a8(4, layers=3), path)
+    together, one_by_one = _verified_and_stepped(tm.w8a8_qwen2(4, layers=3), path)
     assert torch.equal(together, one_by_one)
 
 
 def test_the_lean_target_pass_needs_its_rows_attended_one_by_one():
-    together, one_by_one = _verified_and_stepped(_w8a8(4, layers=3), "lean", row_invariant=False)
+    together, one_by_one = _verified_and_stepped(tm.w8a8_qwen2(4, layers=3), "lean", row_invariant=False)
     assert not torch.equal(together, one_by_one)
 
 
 def test_drafts_appended_to_the_prompt_are_verified_in_a_pass_of_their_own():
     """The fused attention blocks a prompt's rows by their number: drafts appended to it would change the prompt's
     own last row. So the first pass reads the prompt alone, as the baseline does, then the drafts."""
-    model = _w8a8(5)
+    model = tm.w8a8_qwen2(5)
     prompt, drafts = [3, 17, 9, 41, 5, 22, 8, 12, 40], [11, 30, 2]
     steps = CachedDecoder(model, tm.decoder_inputs(9), prefix_length=9)
     expected = torch.cat([steps.logits(prompt)] + [steps.logits(prompt + drafts[:i + 1]) for i in range(3)])
@@ -110,7 +104,7 @@ def test_drafts_appended_to_the_prompt_are_verified_in_a_pass_of_their_own():
 @pytest.mark.parametrize("seed", range(4))
 def test_assisted_greedy_output_equals_the_w8a8_baseline(seed):
     # The assistant: the same weights with one input scale a pass, so it agrees often, and not always
-    target, assistant = _w8a8(seed, layers=3), quantized.quantize(tm.qwen2(seed, layers=3, init=0.2))
+    target, assistant = tm.w8a8_qwen2(seed, layers=3), quantized.quantize(tm.qwen2(seed, layers=3, init=0.2))
     inputs = tm.decoder_inputs(seed, length=10)
     baseline = generate(target, inputs, max_new_tokens=40)
     for schedule in ("heuristic", "constant"):
