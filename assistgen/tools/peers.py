@@ -26,6 +26,7 @@ from ..config import from_env
 from ..comparison.compare import first_inputs
 from ..comparison.request import Settings
 from ..comparison.speech import window_language
+from ..engine.prefix_cache import shared_prefix_length
 from ..models.catalog import Catalog, ModelSpec
 from ..models.packs import assemble, cache_dir
 
@@ -138,8 +139,10 @@ class LlamaServer:
 class LlamaCppPeer:
     """llama.cpp on the Q4_K_M GGUF files of the pair's target (and its assistant, as the draft model), through
     llama-server's /completion. It is sent our chat-templated prompt as token ids, so both engines read the very
-    same tokens, and asked for greedy decoding (temperature 0) without its prompt cache, the whole prompt processed
-    in every request, as our runs do."""
+    same tokens, and asked for greedy decoding (temperature 0). Its prompt cache holds what ours holds: before each
+    timed request, an untimed one reads the prompt's shared beginning (the template's and the instruction's tokens,
+    `prefix_cache.SHARED_PREFIX`), which the timed one then takes from the cache, as our runs take it from theirs;
+    the rest of the prompt is read in every request."""
     engine = "llama.cpp"
 
     def __init__(self, pair, catalog: Catalog, *, binary: str | None = None, log_dir: Path | None = None):
@@ -164,10 +167,16 @@ class LlamaCppPeer:
         _greedy_only(settings)
         if not isinstance(inputs, dict) or "input_ids" not in inputs:
             raise ValueError("llama.cpp runs text prompts only")
-        body = {"prompt": inputs["input_ids"][0].tolist(), "n_predict": settings.max_new_tokens, "temperature": 0.0,
-                "top_k": 1, "cache_prompt": False, "return_tokens": True, "stream": False, "seed": settings.seed}
+        prompt = inputs["input_ids"][0].tolist()
+        server = self.servers[variant]
+        shared = shared_prefix_length(inputs)
+        if shared:   # the slot's cache: the shared beginning (and one token generated after it), untimed
+            server.post("/completion", {"prompt": prompt[:shared], "n_predict": 1, "temperature": 0.0, "top_k": 1,
+                                        "cache_prompt": True, "stream": False})
+        body = {"prompt": prompt, "n_predict": settings.max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": bool(shared), "return_tokens": True, "stream": False, "seed": settings.seed}
         start = time.perf_counter()
-        out = self.servers[variant].post("/completion", body)
+        out = server.post("/completion", body)
         latency = time.perf_counter() - start
         timings = out.get("timings", {})
         detail = {"prompt_tokens": timings.get("prompt_n"), "prompt_tokens_per_s": timings.get("prompt_per_second"),

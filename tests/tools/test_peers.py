@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from assistgen.comparison.compare import Settings
+from assistgen.engine.prefix_cache import SHARED_PREFIX
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
 from assistgen.tools.bench import Item, run_bench
@@ -289,6 +290,13 @@ def test_llama_cpp_sends_our_prompt_as_token_ids_greedy_and_reads_its_tokens_and
     run = peer.run("plain", item, inputs, Settings(max_new_tokens=4))
     assert run.window_tokens == [[470, 264, 488, 293]] and "draft_tokens" not in run.detail
     assert [r["body"]["prompt"] for r in _records(folder, peer.servers["plain"]) if "path" in r] == [ids]
+    # a prompt whose beginning other prompts share: the slot's cache holds that beginning, as ours does, not more
+    _reply(folder, 200, plain)
+    peer.run("plain", item, {**inputs, SHARED_PREFIX: 3}, Settings(max_new_tokens=4))
+    primed, timed = [r["body"] for r in _records(folder, peer.servers["plain"]) if "path" in r][1:]
+    assert primed == {"prompt": ids[:3], "n_predict": 1, "temperature": 0.0, "top_k": 1, "cache_prompt": True,
+                      "stream": False}
+    assert timed["prompt"] == ids and timed["cache_prompt"] is True
 
 
 def test_llama_cpp_refuses_sampling_and_speech_before_sending_anything(llama_peer):
