@@ -248,11 +248,11 @@ def cost_ratio(baseline: GenerationResult, assisted: GenerationResult) -> float 
 
 
 def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draft_source: str | None = None,
-                   on_step: Callable[[Step], None] | None = None,
+                   task: str | None = None, on_step: Callable[[Step], None] | None = None,
                    on_window: Callable[[int, SpeechWindow], None] | None = None) -> GenerationResult:
     """One run of one configuration: the baseline (`draft_source` None), or assisted generation with drafts from
-    "assistant" (the pair's own), "prompt_lookup" or "assistant_lookup" (both). compare and bench both run through
-    here.
+    "assistant" (the pair's own), "prompt_lookup" or "assistant_lookup" (both), for `task` (whose measured payback
+    costs it starts from and leaves: `payback_costs`). compare and bench both run through here.
 
     A recording's windows run one after the other (`on_window` hears each as it begins), each with the settings'
     token budget and time limit, and come back as one run (`engine.decoding.joined`).
@@ -266,7 +266,7 @@ def run_generation(pair: LoadedPair, inputs: Inputs, settings: Settings, *, draf
     assistant = pair.assistant.model if draft_source in ("assistant", "assistant_lookup") else None
     tokenizers = ((pair.target.tokenizer, pair.assistant.tokenizer)
                   if assistant is not None and pair.mode == "different-tokenizer" else None)
-    payback = (payback_costs(pair) if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer"
+    payback = (payback_costs(pair, task) if draft_source == "assistant_lookup" and pair.mode == "same-tokenizer"
                else None)
     key = schedule_key(draft_source, settings)
     measured = runtime(pair).schedules
@@ -313,14 +313,16 @@ def schedule_key(draft_source: str | None, settings: Settings) -> tuple:
     return (draft_source, settings.temperature, settings.top_p if settings.do_sample else None)
 
 
-def payback_costs(pair: LoadedPair) -> PaybackCosts:
-    """The pair's measured costs of the assistant's prompt pass and of what it saves, shared by its runs: each starts
-    its assistant only once that pass can pay back (`engine.drafting.PaybackGate`). Before the first measurement the
-    assistant's prompt pass is taken to cost its share of the target's parameters of the target's."""
-    state = runtime(pair)
-    if state.payback is None:
-        state.payback = PaybackCosts(1 / pair.parameter_ratio)
-    return state.payback
+def payback_costs(pair: LoadedPair, task: str | None = None) -> PaybackCosts:
+    """The pair's measured costs of the assistant's prompt pass and of what it saves on `task`, shared by its runs of
+    that task (None: runs that name none): each starts its assistant only once that pass can pay back
+    (`engine.drafting.PaybackGate`). A task has its own, since the assistant's drafts save more on code than on a
+    translation. Before the first measurement the assistant's prompt pass is taken to cost its share of the target's
+    parameters of the target's."""
+    state = runtime(pair).payback
+    if task not in state:
+        state[task] = PaybackCosts(1 / pair.parameter_ratio)
+    return state[task]
 
 
 def first_inputs(inputs: Inputs) -> dict:
@@ -417,12 +419,12 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
     probe = runtime(pair).probe
     before = probe.pass_s()
     phase("baseline")
-    baseline = run_generation(pair, inputs, settings, on_step=on_baseline_step,
+    baseline = run_generation(pair, inputs, settings, task=task, on_step=on_baseline_step,
                               on_window=lambda i, w: window("baseline", i, total, w))
     phase("probe")
     between = probe.pass_s()
     phase("assisted")
-    assisted = run_generation(pair, inputs, settings, draft_source=draft_source, on_step=on_assisted_step,
+    assisted = run_generation(pair, inputs, settings, draft_source=draft_source, task=task, on_step=on_assisted_step,
                               on_window=lambda i, w: window("assisted", i, total, w))
     phase("probe")
     after = probe.pass_s()

@@ -34,7 +34,9 @@ class PairRuntime:
     # (draft source, temperature, top-p) -> the last adaptive schedule run so, whose costs and calibration start the
     # next such run's (`compare.run_generation`)
     schedules: dict[tuple, AdaptiveSchedule] = field(default_factory=dict)
-    payback: PaybackCosts | None = None   # when the assistant starts, beside prompt lookup (`compare.payback_costs`)
+    # task -> when the assistant starts, beside prompt lookup (`compare.payback_costs`): what drafting saves on code is
+    # not what it saves on a translation
+    payback: dict[str | None, PaybackCosts] = field(default_factory=dict)
 
 
 @dataclass

@@ -268,13 +268,14 @@ class Earnings:
 
 class PaybackCosts:
     """What an assistant's prompt pass costs and what drafting with it saves, as measured on this machine; lent from
-    one generation to the next (a pair's runs share one).
+    one generation to the next (a pair's runs of one task share one).
 
-    - `target_prompt_s`: seconds per token of the target's prompt pass (the first step's);
+    - `target_prompt_s`: seconds per token the target's prompt pass read (the first step's);
     - `assistant_over_target`: the assistant's prompt pass over the target's, per token (first the parameter ratio);
     - `lookup`: seconds per emitted token of steps drafted by lookup alone, or not at all (the prompt step left out);
-    - `saving_share`: the share of those seconds that drafting with the assistant saved, once one generation has
-      measured both kinds of step (the assistant's prompt pass left out);
+    - `saving_share`: the share of those seconds that drafting with the assistant saved, as the last generation that
+      drafted with it measured (against its own lookup-only steps, or where it had none, the lent `lookup`; the
+      assistant's prompt pass left out);
     - `plain`: seconds of a plain target pass (one row: a step with nothing to verify), what an assistant that
       does not pay is judged against (`Earnings`).
     """
@@ -402,8 +403,11 @@ class PaybackGate:
             self.earnings.add(emitted, seconds, self.costs.plain.value, self._generated + emitted)
         elif not started and self.started:
             self.earnings.idle()
-        if self._lookup.value and self._assisted.value:
-            self.costs.saving_share = 1 - self._assisted.value / self._lookup.value
+        # this answer's own lookup-only steps, or where it has none yet (the assistant drafted from its first step),
+        # the rate lent by earlier answers
+        lookup = self._lookup.value if self._lookup.value is not None else self.costs.lookup.value
+        if lookup and self._assisted.value:
+            self.costs.saving_share = 1 - self._assisted.value / lookup
 
     def ready(self, tokens: list[int]) -> bool:
         """Whether the assistant drafts this step (asked where lookup has nothing to propose, so a no makes it a plain

@@ -199,7 +199,7 @@ def run_once(pair, task: str, inputs, settings: Settings, config: Config, *, ite
         return {"window_tokens": [tokens for tokens, _ in runs], "latency_s": sum(s for _, s in runs),
                 "result": None}
     source = config.draft_source and effective_draft_source(pair, task, inputs, config.draft_source)[0]
-    result = run_generation(pair, inputs, settings, draft_source=source)
+    result = run_generation(pair, inputs, settings, draft_source=source, task=task)
     return {"window_tokens": window_tokens(result), "latency_s": result.latency_s, "result": result}
 
 

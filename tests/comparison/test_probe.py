@@ -172,3 +172,13 @@ def test_the_warm_up_captures_both_models_graphs_before_the_probe_and_the_timed_
     monkeypatch.setattr(compare_module, "SpeedProbe", lambda *a, **k: (order.append("probe"), real_probe(*a, **k))[1])
     compare_module.warm_up(fresh, {"input_ids": torch.tensor([[1, 2, 3]])})
     assert order[:3] == [fresh.target.model, fresh.assistant.model, "probe"]
+
+
+def test_each_task_lends_its_own_payback_costs_to_its_next_run(pair):
+    """What drafting saved on code is no guide to a translation: a task's runs share costs with each other only."""
+    from assistgen.comparison.compare import payback_costs
+    chat, translation = payback_costs(pair, "chat"), payback_costs(pair, "translation")
+    assert chat is not translation and payback_costs(pair, "chat") is chat
+    compare(pair, "translation", text_inputs(pair, "translation", "Good morning."),
+            Settings(max_new_tokens=6, draft_source="assistant_lookup"))
+    assert translation.target_prompt_s is not None and chat.target_prompt_s is None

@@ -224,3 +224,19 @@ def test_prompt_passes_are_priced_by_the_tokens_they_read():
         return costs.target_prompt_s, gate.refused[0]
     assert estimate((0, 0)) == pytest.approx((2.0 / 50, 0.3 * 2.0 / 50 * 51))
     assert estimate((30, 40)) == pytest.approx((2.0 / 20, 0.3 * 2.0 / 20 * 11))
+
+
+def test_an_assistant_that_lost_from_its_first_step_is_not_bet_on_at_the_next(clock):
+    """An answer the assistant drafted from its first step has no lookup-only steps of its own: what it saved is
+    measured against the lookup rate lent by earlier answers. Drafts all rejected, it saved nothing, and the next
+    short prompt does not start it at its first step."""
+    target, good = models()
+    costs = measured_costs(target, good)
+    bad = tm.qwen2(7)   # another random model: its drafts are rejected
+    bad.is_target = False
+    first = assisted(target, bad, prompt(20, seed=4), 5, costs)   # too short to be set aside (Earnings)
+    assert first.assistant_start.started_after == 0 and first.assistant_start.set_aside_after == ()
+    assert costs.saving_share < drafting.MIN_SAVING
+    run = assisted(target, bad, prompt(20, seed=6), 30, costs)
+    assert run.assistant_start.started_after != 0
+    assert run.new_tokens == generate(target, prompt(20, seed=6), max_new_tokens=30).new_tokens
