@@ -122,8 +122,16 @@ class LlamaServer:
     def post(self, path: str, body: dict) -> dict:
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=1800) as r:
-            return json.loads(r.read())
+        try:
+            with urllib.request.urlopen(request, timeout=1800) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as refused:   # its own words, not only "HTTP Error 400: Bad Request"
+            text = refused.read().decode(errors="replace")
+            try:
+                text = json.loads(text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise RuntimeError(f"llama-server refused {path} (HTTP {refused.code}): {text}") from refused
 
     def stop(self) -> None:
         if self.process.poll() is None:
