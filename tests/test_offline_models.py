@@ -12,6 +12,7 @@ from assistgen.comparison.compare import Settings, compare
 from assistgen.models.availability import pair_availability
 from assistgen.comparison.speech import asr_inputs
 from assistgen.comparison.tasks import text_inputs
+from assistgen.engine.prefix_cache import SHARED_PREFIX
 from helpers import RecordedRuns, free_port, require_weights, speech_wav
 
 pytestmark = pytest.mark.offline_models
@@ -43,8 +44,13 @@ def words(text: str) -> list[str]:
 def test_qwen_assisted_greedy_equals_baseline(real_service, name, prompt):
     pair = real_service.pool.pair(name)
     assert pair.mode == "same-tokenizer"
-    result = compare(pair, "chat", text_inputs(pair, "chat", prompt), Settings(max_new_tokens=40))
+    inputs = text_inputs(pair, "chat", prompt)
+    result = compare(pair, "chat", inputs, Settings(max_new_tokens=40))
     assert result.identical, (result.baseline_text, result.assisted_text)
+    # the chat template's tokens, kept by the w8a8 target (a float one reads its whole prompt), taken by both runs
+    kept = inputs[SHARED_PREFIX] if pair.target.spec.quantization == "w8a8" else 0
+    assert result.baseline.prompt_tokens_kept == result.assisted.prompt_tokens_kept == kept
+    assert kept == 0 or kept > 20
     if prompt.startswith("Write a Python"):  # code: the assistant agrees most of the time
         assert result.assisted.acceptance_rate > 0.5
         assert result.assisted.target_passes < result.baseline.target_passes

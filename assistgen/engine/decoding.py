@@ -15,7 +15,7 @@ import torch
 from .drafting import (AssistantCandidates, AssistantStart, AssistantWithLookupCandidates, CandidateGenerator, Draft, PaybackCosts,
                        PaybackGate, PromptLookupCandidates)
 from .encoders import assistant_encoder_outputs
-from .kv import CachedDecoder, eos_token_ids
+from .kv import CachedDecoder, eos_token_ids, keep_shared_prefix
 from .prefix_cache import shared_prefix_length
 from .retokenizing import different_tokenizer_source
 from .whisper_decoder import AUDIO_MARGIN_S
@@ -131,6 +131,7 @@ def prepare(model, inputs: dict, max_new_tokens: int, eos_token_id: int | list[i
     budget = max_new_tokens if limit is None else min(max_new_tokens, limit - len(prefix))
     if budget < 1:
         raise ValueError(f"the input ({len(prefix)} tokens) leaves no room in the model's {limit} positions")
+    keep_shared_prefix(model, inputs)   # read here once a model (a setup cost), so that the first pass only takes it
     decoder = CachedDecoder(model, inputs, prefix_length=len(prefix), shared_prefix=shared_prefix_length(inputs))
     return Target(decoder, inputs, prefix,
                   eos_token_ids(model, eos_token_id), budget,
@@ -159,6 +160,7 @@ def draft_source(target: Target, *, assistant_model=None, lookup: bool = False, 
         encoder_outputs = target.decoder.encoder_outputs
         own = assistant_encoder_outputs(model, assistant_model, inputs, encoder_outputs, audio_margin_s)
         shared = target.decoder.cross_key_values if own is encoder_outputs else None
+        keep_shared_prefix(assistant_model, inputs, assistant=True)
         assistant = CachedDecoder(assistant_model, inputs, prefix_length=len(prefix), encoder_outputs=own,
                                   assistant=True, target_key_values=shared, shared_prefix=shared_prefix_length(inputs))
         source = AssistantCandidates(assistant, eos)

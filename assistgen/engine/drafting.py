@@ -389,6 +389,8 @@ class PaybackGate:
         if started is None:
             return
         if self._prompt_s is None:   # the first target pass read the prompt
+            if self.started_after == 0 and self.costs.plain.value is not None:   # and the assistant's first drafts,
+                verify_s = max(verify_s - self.costs.plain.value, verify_s / 2)   # in a pass priced as a plain one
             self._prompt_s = self.costs.target_prompt_s = verify_s / self._read(self.prompt_tokens, target=True)
             if self.assistant_prompt is not None:
                 seconds, count = self.assistant_prompt

@@ -174,6 +174,8 @@ def keep_shared_prefix(model, inputs: dict, *, assistant: bool = False) -> None:
     if not shared or model.config.is_encoder_decoder:
         return
     ids = [int(i) for i in inputs["input_ids"][0]]
+    if ids[:shared] in prefix_cache(model):
+        return
     decoder = CachedDecoder(model, inputs, prefix_length=len(ids), assistant=assistant, shared_prefix=shared)
     if 0 < decoder.shared_prefix < len(ids):
         decoder._read_shared_prefix(ids[:shared])

@@ -1,8 +1,8 @@
 """Keys and values of a prompt's shared beginning, kept for the next prompt that begins the same way.
 
 Prompts built from a chat template and a task's instruction share their first tokens: the system turn, the user
-turn's opening, "Translate the following text into French. ..." (24 to 40 tokens of a 40 to 60 token prompt for
-the Qwen2.5 pairs). A caller that knows how many leading tokens of a prompt are of that kind says so in its inputs
+turn's opening, "Translate the following text into French. ..." (on the Qwen2.5 pairs 24 tokens of a chat prompt,
+37 of a translation prompt's 51-61, 36-37 of a summary prompt's 109-210). A caller that knows how many leading tokens of a prompt are of that kind says so in its inputs
 (`SHARED_PREFIX`: `comparison.tasks.text_inputs` does); each model then reads that beginning in a pass of its own
 once, keeps its keys and values here, and later prompts that begin with the same tokens read only the rest.
 
@@ -14,8 +14,10 @@ prompt is read in one pass of the fused kernel, as a prompt is.
 llama.cpp's server keeps the longest prefix a slot shares with the last prompt in the same spirit (`cache_prompt`);
 there the bits may differ with the split.
 
-Only the Llama-style loop (`llama_decoder.LlamaDecoderStep`: an assistant, or a row-invariant w8a8 target) keeps a
-prefix; a model run through transformers' own modules reads its whole prompt each time.
+Only the Llama-style loop (`llama_decoder.LlamaDecoderStep`: an assistant, or a row-invariant w8a8 target, on a CPU)
+keeps a prefix; a model run through transformers' own modules, or a CUDA graph's static cache, reads its whole prompt
+each time. A model's kept prefixes are tied to the model object: one whose weights are changed in place
+(`models.quantized.quantize`, at load only) must not have read a prompt before.
 """
 from __future__ import annotations
 
@@ -56,6 +58,10 @@ class PrefixCache:
             self._kept.move_to_end(tuple(prefix))
             while len(self._kept) > self.limit:
                 self._kept.popitem(last=False)
+
+    def __contains__(self, prefix) -> bool:
+        with self._lock:
+            return tuple(prefix) in self._kept
 
     def __len__(self) -> int:
         return len(self._kept)

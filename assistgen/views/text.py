@@ -60,8 +60,8 @@ def explanation(result: dict) -> str:
             f"{later_a} + {ta['other_s']:.2f} s other.")
     kept = tb.get("prompt_tokens_kept")
     if kept and kept == ta.get("prompt_tokens_kept"):
-        text += (f" Both first steps took the prompt's first {kept} tokens (the template's and the instruction's) "
-                 "from the cache, and read the rest.")
+        text += (f" Both first steps took the prompt's first {kept} tokens (the chat template's, and the task's "
+                 "instruction where it has one) from the cache, and read the rest.")
     if a["target_passes"] != b["target_passes"]:
         text += f" The target ran {_passes(a['target_passes'])} instead of {b['target_passes']}."
     if tb["s_per_pass"] and ta["s_per_pass"]:

@@ -25,6 +25,7 @@ import torch
 
 from assistgen.engine.decoding import generate, synchronized_clock
 from assistgen.engine.drafting import AssistantCandidates, AssistantWithLookupCandidates, PaybackCosts, PaybackGate
+from assistgen.engine.prefix_cache import shared_prefix_length
 from assistgen.engine.schedules import AdaptiveSchedule
 from assistgen.models.catalog import load_catalog
 from assistgen.models.pool import ModelPool
@@ -92,7 +93,8 @@ def main() -> None:
                                       assistant_payback=costs[name])
                     else:
                         source = AssistantCandidates(LlamaCppDecoder(llm), set(eos))
-                        gate = PaybackGate(source.prefill, costs[name], args.max_new_tokens, clock)
+                        gate = PaybackGate(source.prefill, costs[name], args.max_new_tokens, clock,
+                                           skipped=(shared_prefix_length(inputs), 0))   # llama.cpp reads it whole
                         kwargs["candidate_generator"] = AssistantWithLookupCandidates(source, set(eos), gate=gate)
                 result = generate(pair.target.model, inputs, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
                                   num_assistant_tokens=pair.spec.num_assistant_tokens, **kwargs)

@@ -96,7 +96,7 @@ def test_a_run_whose_first_pass_verified_every_draft_is_explained_without_empty_
     kept = [GenerationResult(r.new_tokens, r.steps, r.target_passes, r.assistant_passes, r.latency_s, r.stop_reason,
                              r.setup_s, prompt_tokens_kept=37) for r in (plain, rejected)]
     text = explanation({"baseline": run_figures(kept[0], "x"), "assisted": run_figures(kept[1], "x")})
-    assert "Both first steps took the prompt's first 37 tokens (the template's and the instruction's) from the cache" in text
+    assert "Both first steps took the prompt's first 37 tokens (the chat template's, and the task's" in text
 
 
 def test_the_summary_names_draft_source_pair_kind_and_machine_in_words():

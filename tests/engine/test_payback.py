@@ -212,18 +212,22 @@ def test_earnings_judge_after_enough_steps_and_pause_twice_as_long_each_time():
 def test_prompt_passes_are_priced_by_the_tokens_they_read():
     """A prompt whose beginning both models keep (`engine.prefix_cache`): the target's measured prompt pass is per
     token it read, and the assistant's is estimated over the tokens it would read."""
-    def estimate(skipped):
+    def estimate(skipped, drafted_first=False):
         costs = drafting.PaybackCosts(assistant_over_target=0.3)
         costs.lookup.add(0.05, 1)
+        costs.plain.add(0.4, 1)
         gate = drafting.PaybackGate(lambda tokens: None, costs, budget=100, clock=lambda: 0.0, skipped=skipped)
         tokens = list(range(50))
         gate.begin(tokens)
+        if drafted_first:   # the assistant started at the first step: its drafts' pass followed the prompt's
+            gate.started_after = 0
         gate.update(1, 0.0, 2.0)   # the first step's target pass: 2 s
         gate.begin(tokens + [7])
         assert not gate.pays(tokens + [7])   # one token of answer pays for no prompt pass
         return costs.target_prompt_s, gate.refused[0]
     assert estimate((0, 0)) == pytest.approx((2.0 / 50, 0.3 * 2.0 / 50 * 51))
     assert estimate((30, 40)) == pytest.approx((2.0 / 20, 0.3 * 2.0 / 20 * 11))
+    assert estimate((30, 40), drafted_first=True)[0] == pytest.approx(1.6 / 20)   # a plain pass's 0.4 s left out
 
 
 def test_an_assistant_that_lost_from_its_first_step_is_not_bet_on_at_the_next(clock):
