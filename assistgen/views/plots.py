@@ -10,6 +10,20 @@ from ..comparison.breakeven import BreakEven, break_even_alpha
 from ..comparison.sweep import OVER, Point, sweep_break_even
 
 
+# The page lays a plot's label over its figure's top-left corner (Gradio's badge, about 30 px): a figure with a title
+# keeps that much room above it, so that the badge does not cover the title
+LABEL_BAND_IN = 0.45
+
+
+def _below_label_band(fig, title: str = "") -> None:
+    """Lay `fig` out (tight) below the page's label band, its `title` (a figure title) just under the band."""
+    top = 1 - LABEL_BAND_IN / fig.get_figheight()
+    if title:
+        fig.suptitle(title, fontsize=10, y=top, va="top")
+        top -= 0.15 / fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, top))
+
+
 def _pyplot():
     """matplotlib's pyplot on the Agg backend (no display), imported on first use: a module that only words results
     need not load it."""
@@ -64,7 +78,7 @@ def break_even_figure(points: list[BreakEven], gamma: float | None = None):
     ax.set(xlim=(0, 1), ylim=(0, min(1.0, top)), xlabel="α (acceptance per draft reached)",
            ylabel="c (assistant / target cost per pass)", title="Where the runs sit against the break-even")
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    _below_label_band(fig)
     plt.close(fig)
     return fig
 
@@ -112,9 +126,7 @@ def sweep_figure(over: str, points: list[Point], title: str = ""):
     for ax in axes.flat:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    _below_label_band(fig, title)
     plt.close(fig)
     return fig
 

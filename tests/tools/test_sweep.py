@@ -88,6 +88,25 @@ def test_the_sweep_plot_shows_every_point_that_ran():
     assert len(passes.lines) == 2 and len(fig.axes[3].lines) == 2   # tokens/pass and acceptance length; 2 curves
 
 
+def test_the_explore_figures_leave_the_pages_label_band_free():
+    """The page lays each plot's label over the figure's top-left corner: titles and panels start below it."""
+    from assistgen.comparison.sweep import Point
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from assistgen.views.plots import LABEL_BAND_IN, sweep_break_even_figure, sweep_figure
+    points = [Point(0.0, [fake_result(Settings(), "p", 1.2)]), Point(0.5, [fake_result(Settings(), "p", 1.1)])]
+    for fig, title in ((sweep_figure("temperature", points, title="pair, Chat"), "pair, Chat"),
+                       (sweep_break_even_figure(points), None)):
+        band = 1 - LABEL_BAND_IN / fig.get_figheight()
+        canvas = FigureCanvasAgg(fig)   # the figures come closed
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        tops = [ax.get_tightbbox(renderer).y1 / fig.bbox.height for ax in fig.axes]   # panels with their titles
+        assert max(tops) <= band
+        if title:
+            assert fig.get_suptitle() == title and fig._suptitle.get_window_extent(renderer).y1 / fig.bbox.height <= band
+
+
 @pytest.fixture(scope="module")
 def tiny_text(tiny_catalog_path):
     """The tiny text pair, loaded, and a prompt's inputs."""
