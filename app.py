@@ -15,7 +15,7 @@ from assistgen.config import from_env  # noqa: E402
 from assistgen.models.catalog import CatalogError, load_catalog  # noqa: E402
 from assistgen.models.limits import limit_threads_to_usable_cpus  # noqa: E402
 from assistgen.choices import (DRAFT_SOURCES, MAX_NEW_TOKENS_RANGE, SCHEDULE_NAMES, TASK_LABELS,  # noqa: E402
-                               TEMPERATURE_RANGE, WINDOW_RANGE, limits_from_env)
+                               TEMPERATURE_RANGE, TOP_P_RANGE, WINDOW_RANGE, limits_from_env)
 from assistgen.app.explore import DEFAULT_MAX_NEW_TOKENS, default_values, explore, explore_outputs  # noqa: E402
 from assistgen.app.explore import StopSwitches, progress_html  # noqa: E402
 from assistgen.app.body_limit import BodyLimit, body_limit_bytes  # noqa: E402
@@ -109,8 +109,8 @@ def _result_list(view_out: dict) -> list:
 def _handlers(service: Service):
     """The page's Run handler for a task, and the /compare API function."""
     def make_handler(task: str):
-        def handler(pair, content, language, settings_pair, max_new_tokens, temperature, draft_source, window,
-                    schedule):
+        def handler(pair, content, language, settings_pair, max_new_tokens, temperature, top_p, draft_source,
+                    window, schedule):
             view = LiveView()
             try:
                 if settings_pair != pair:
@@ -118,7 +118,7 @@ def _handlers(service: Service):
                     # page had the new tab's pair's settings): run this pair's own, which the page is about to show
                     max_new_tokens, draft_source, window, schedule = service.pair_defaults(pair)
                 settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
-                                            draft_source=draft_source, num_assistant_tokens=window,
+                                            top_p=top_p, draft_source=draft_source, num_assistant_tokens=window,
                                             schedule=schedule)
                 kwargs = ({"audio": content, "language": language} if task == "asr" else
                           {"text": content, "target_language": language or "French"})
@@ -134,12 +134,13 @@ def _handlers(service: Service):
     def api_compare(task: str, pair: str, text: str | None, audio: str | None, max_new_tokens: float,
                     temperature: float, draft_source: str, schedule: str | None = None,
                     num_assistant_tokens: float | None = None, language: str | None = None,
-                    target_language: str | None = None):
+                    target_language: str | None = None, top_p: float | None = None):
         """Baseline then assisted generation on one input; returns the same JSON as `python -m assistgen compare
         --json`. draft_source, schedule and num_assistant_tokens default to the pair's own (models.yaml); language
-        (speech) to auto-detection; target_language (translation) to French."""
+        (speech) to auto-detection; target_language (translation) to French; top_p (sampling only) to 1."""
         try:
             settings = service.settings(pair, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        top_p=1.0 if top_p is None else top_p,
                                         draft_source=draft_source or None, schedule=schedule or None,
                                         num_assistant_tokens=num_assistant_tokens)
             # A generator with one output, the JSON at the end: Gradio closes it between two snapshots when the
@@ -155,7 +156,7 @@ def _handlers(service: Service):
 
 
 def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
-    """The Settings accordion: max new tokens, temperature, window, draft source, schedule."""
+    """The Settings accordion: max new tokens, temperature, top-p, window, draft source, schedule."""
     with gr.Accordion("Settings", open=False, elem_id="settings"):
         with gr.Row():
             max_new_tokens = gr.Slider(*MAX_NEW_TOKENS_RANGE, value=first_defaults[0], step=1,
@@ -163,6 +164,8 @@ def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
                                        info="each run stops after this many tokens, or at its end-of-text")
             temperature = gr.Slider(*TEMPERATURE_RANGE, value=0, step=0.05, label="temperature (0 = greedy)",
                                     info="above 0: sampled, and the two outputs differ by design")
+            top_p = gr.Slider(*TOP_P_RANGE, value=1.0, step=0.05, label="top-p (sampling only)", elem_id="top-p",
+                              info="below 1: sampled from the likeliest tokens that make up this share")
             window = gr.Slider(*WINDOW_RANGE, value=first_defaults[2], step=1,
                                label="initial window (num_assistant_tokens)", elem_id="window",
                                info="tokens the assistant drafts before the first target pass")
@@ -175,7 +178,7 @@ def _settings_section(first_defaults: tuple[int, str, int, str]) -> tuple:
                                 label="window schedule",
                               info="heuristic: +2 after all drafts accepted, -1 otherwise; adaptive: each draft "
                                    "only while its confidence pays on this machine; constant")
-    return max_new_tokens, temperature, draft_source, window, schedule
+    return max_new_tokens, temperature, top_p, draft_source, window, schedule
 
 
 def _task_tab(service: Service, task: str, choices: list, pair_changed, pair_settings: list,
@@ -238,6 +241,14 @@ def _results_section() -> dict:
             "raw": raw, "result": gr.State()}
 
 
+def _when_over(running, stop, run) -> None:
+    """Once a run is over, hide Stop and let Run be pressed again, whether it finished or raised (an input's error):
+    this Gradio's `.then` does not follow an event that raised, `.failure` does."""
+    for after in (running.then, running.failure):
+        after(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, run], queue=False,
+              api_visibility="private", show_progress="hidden")
+
+
 def _api_endpoint(api_compare) -> None:
     """The documented API endpoint, /compare: named inputs, one JSON object out."""
     with gr.Column(visible=False):
@@ -245,7 +256,8 @@ def _api_endpoint(api_compare) -> None:
                       gr.Audio(type="filepath", format=None, label="audio"), gr.Number(label="max_new_tokens"),
                       gr.Number(label="temperature"), gr.Textbox(label="draft_source"),
                       gr.Textbox(label="schedule", value=""), gr.Number(label="num_assistant_tokens", value=None),
-                      gr.Textbox(label="language", value=""), gr.Textbox(label="target_language", value="")]
+                      gr.Textbox(label="language", value=""), gr.Textbox(label="target_language", value=""),
+                      gr.Number(label="top_p", value=1.0)]
         api_button = gr.Button("api")
         api_out = gr.JSON()
     api_button.click(api_compare, inputs=api_inputs, outputs=api_out, api_name="compare", concurrency_id="model",
@@ -348,8 +360,7 @@ def _explore_tab(service: Service) -> None:
                         ).then(handler, inputs=[task, pair, text, audio, over, values, repeats, max_new_tokens],
                                outputs=[progress, plot, table, break_even, sweep_out], concurrency_id="model",
                                concurrency_limit=1, api_visibility="private", show_progress="hidden")
-    running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, run], queue=False,
-                 api_visibility="private", show_progress="hidden")
+    _when_over(running, stop, run)
 
     def press_stop(request: gr.Request):
         switches.press(request.session_hash)
@@ -375,9 +386,9 @@ def build_demo(service: Service) -> gr.Blocks:
 
     with gr.Blocks(title="assistgen: assisted generation side by side") as demo:
         gr.Markdown(INTRO)
-        max_new_tokens, temperature, draft_source, window, schedule = _settings_section(first_defaults)
+        max_new_tokens, temperature, top_p, draft_source, window, schedule = _settings_section(first_defaults)
         settings_pair = gr.State(first_pair)   # the pair whose own settings the Settings were last set to
-        settings_inputs = [settings_pair, max_new_tokens, temperature, draft_source, window, schedule]
+        settings_inputs = [settings_pair, max_new_tokens, temperature, top_p, draft_source, window, schedule]
         pair_settings = [max_new_tokens, draft_source, window, schedule]
         runs = []
         with gr.Tabs():
@@ -416,8 +427,7 @@ def build_demo(service: Service) -> gr.Blocks:
                                                # core during the timed runs (measured on two cores), which the
                                                # page's baseline paid and the CLI's did not
                                                show_progress="hidden")
-                running.then(lambda: (gr.Button(visible=False), gr.Button(interactive=True)), outputs=[stop, button],
-                             queue=False, api_visibility="private", show_progress="hidden")
+                _when_over(running, stop, button)
                 # a pair's first run prepares its weights: the line under its dropdown stops saying it will
                 running.then(info_now, inputs=inputs[0], outputs=pair_info, queue=False,
                              api_visibility="private", show_progress="hidden")

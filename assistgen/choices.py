@@ -27,6 +27,7 @@ MODE_LABELS = {"same-tokenizer": "same tokenizer", "different-tokenizer": "diffe
 WINDOW_RANGE = (1, 64)                                 # num_assistant_tokens, the initial window
 MAX_NEW_TOKENS_RANGE = (1, 1024)
 TEMPERATURE_RANGE = (0.0, 2.0)                         # 0 means greedy
+TOP_P_RANGE = (0.05, 1.0)                              # the page's top-p slider; 1 keeps every token
 MIN_SAMPLING_TEMPERATURE = 0.001   # colder sampling is greedy in all but name; near 1e-37, logits / T overflow
 
 

@@ -55,7 +55,9 @@ def test_prompt_lookup_and_sampling_through_the_api(client):
     result = compare(client, text="def f(x): return x\ndef f(x): return x\ndef f(", draft_source="prompt_lookup")
     assert result["draft_source"] == "prompt_lookup" and result["identical"]
     sampled = compare(client, temperature=0.8)
-    assert "sampling" in sampled["identical_note"]
+    assert "sampling" in sampled["identical_note"] and sampled["settings"]["top_p"] == 1.0
+    nucleus = compare(client, temperature=0.8, top_p=0.5)
+    assert nucleus["settings"]["top_p"] == 0.5 and nucleus["settings"]["temperature"] == 0.8
 
 
 ACCEPTANCE_FIELDS = ("mean_acceptance_length", "draft_acceptance_rate", "per_position", "zero_accept_share")
@@ -100,6 +102,8 @@ def expect_error(client, needle, **kwargs):
     ({"draft_source": "oracle"}, "draft source must be one of"),
     ({"schedule": "fastest"}, "schedule must be one of heuristic, constant, adaptive"),
     ({"num_assistant_tokens": 0}, "num_assistant_tokens must be from 1 to 64"),
+    ({"top_p": 0.5}, "top_p 0.5 applies to sampling only: set a temperature above 0"),
+    ({"top_p": 1.5, "temperature": 0.8}, "top_p must be in (0, 1]"),
 ])
 def test_bad_text_inputs_get_a_clear_error_and_the_server_keeps_serving(client, kwargs, needle):
     expect_error(client, needle, **kwargs)
@@ -193,8 +197,8 @@ def test_a_run_pressed_before_the_tab_brought_its_pairs_settings_runs_that_pairs
     make_handler, _ = app._handlers(service)
 
     def raw(settings_pair):
-        *_, last = make_handler("chat")("tiny-text", "hello there", None, settings_pair, 3, 0, "prompt_lookup", 2,
-                                        "adaptive")
+        *_, last = make_handler("chat")("tiny-text", "hello there", None, settings_pair, 3, 0, 1.0, "prompt_lookup",
+                                        2, "adaptive")
         result = last[app.STREAM_KEYS.index("result")]
         settings = result["settings"]
         return (settings["max_new_tokens"], result["draft_source"], settings["num_assistant_tokens"],

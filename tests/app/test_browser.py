@@ -51,6 +51,13 @@ def test_bad_input_shows_an_error_and_keeps_the_input(browser, tiny_app):
     page.locator("#run-chat").click()
     page.get_by_text("the text is empty").first.wait_for(timeout=30_000)
     assert page.locator("#input-chat textarea").input_value() == "   "
+    # the run is over: Stop goes, and Run can be pressed again for the corrected input
+    page.locator("#stop-chat").wait_for(state="hidden", timeout=10_000)
+    assert page.locator("#run-chat").is_enabled()
+    page.locator("#input-chat textarea").fill("def fibonacci(n):")
+    page.locator("#run-chat").click()
+    page.wait_for_function("document.querySelector('#summary') && "
+                           "document.querySelector('#summary').innerText.includes('speedup')", timeout=60_000)
 
 
 def test_a_tab_brings_its_pairs_own_settings(browser, tiny_app):

@@ -114,7 +114,7 @@ def test_a_request_body_past_the_limit_is_refused_unread_and_the_server_keeps_se
     url, _, client = served
     limit = body_limit_bytes(MAX_INPUT_TOKENS)
     text = "x" * (limit + 1)
-    body = {"data": ["chat", "tiny-text", text, None, 8, 0, "assistant", "", None, "", ""]}
+    body = {"data": ["chat", "tiny-text", text, None, 8, 0, "assistant", "", None, "", "", 1.0]}
     response = httpx.post(f"{url}gradio_api/call/compare", json=body, timeout=60)
     assert response.status_code == 413 and "shorten the text" in response.json()["error"]
 
@@ -381,8 +381,8 @@ def test_a_client_that_disconnects_without_cancelling_stops_its_run_and_the_next
         fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "compare")
         session = uuid.uuid4().hex
         # the endpoint's inputs in order: task, pair, text, audio, max_new_tokens, temperature, draft_source,
-        # schedule, num_assistant_tokens, language, target_language
-        data = ["chat", "tiny-text", "a dropped run", None, 1024, 0, "assistant", "", None, "", ""]
+        # schedule, num_assistant_tokens, language, target_language, top_p
+        data = ["chat", "tiny-text", "a dropped run", None, 1024, 0, "assistant", "", None, "", "", 1.0]
         joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
                                                            "session_hash": session, "event_data": None,
                                                            "trigger_id": None})

@@ -122,7 +122,8 @@ def test_the_pages_comparison_is_one_gpu_call(recorded):
     _, service, spaces = recorded
     before = len(spaces.calls)
     make_handler, _ = app._handlers(service)
-    *_, last = make_handler("chat")("tiny-text", "hello again", None, "tiny-text", 5, 0, "assistant", 3, "heuristic")
+    *_, last = make_handler("chat")("tiny-text", "hello again", None, "tiny-text", 5, 0, 1.0, "assistant", 3,
+                                    "heuristic")
     result = last[app.STREAM_KEYS.index("result")]
     assert result["identical"] and result["settings"]["max_new_tokens"] == 5
     (call,) = spaces.calls[before:]
