@@ -53,7 +53,7 @@ class Config:
     packed_store: bool = True
     """ASSISTGEN_PACKED_STORE (0: off): map the stored packed layers rather than pack at each load"""
     schedule_store: bool = True
-    """ASSISTGEN_SCHEDULE_STORE (0: off): keep what the adaptive schedule measured in the cache"""
+    """ASSISTGEN_SCHEDULE_STORE (0: off): keep what the adaptive schedule and the payback gate measured in the cache"""
     llama_server: str | None = None
     """ASSISTGEN_LLAMA_SERVER: llama.cpp's server executable, for the benchmark's peer"""
     test_device: str = "cpu"

@@ -320,8 +320,8 @@ def payback_costs(pair: LoadedPair, task: str | None = None) -> PaybackCosts:
     translation. Before the first measurement the assistant's prompt pass is taken to cost its share of the target's
     parameters of the target's."""
     state = runtime(pair).payback
-    if task not in state:
-        state[task] = PaybackCosts(1 / pair.parameter_ratio)
+    if task not in state:   # a new process: what an earlier one measured on this machine, if it kept any
+        state[task] = schedule_store.load_payback(pair, task) or PaybackCosts(1 / pair.parameter_ratio)
     return state[task]
 
 
@@ -437,6 +437,8 @@ def compare(pair: LoadedPair, task: str, inputs: Inputs, settings: Settings, *,
         # moved would start every later process from them, and a verification size no later run drafts is never
         # measured again
         schedule_store.save(pair, key, runtime(pair).schedules[key])
+    if stability.stable and task in runtime(pair).payback:
+        schedule_store.save_payback(pair, task, runtime(pair).payback[task])
     spans = None if isinstance(inputs, dict) else [(w.start_s, w.end_s) for w in inputs]
     return Comparison(pair, task, settings, draft_source or "none", baseline, assisted,
                       decode(pair, baseline.new_tokens), decode(pair, assisted.new_tokens), stability,

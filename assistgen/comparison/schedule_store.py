@@ -1,6 +1,7 @@
-"""What the adaptive schedule measured with a pair (pass costs, calibration), kept in the assistgen cache so that a
-new process starts from it, as a later run in the same process does (`runtime.PairRuntime.schedules`). `compare`
-keeps a comparison's measurements only when its speed probes found the machine steady.
+"""What the adaptive schedule measured with a pair (pass costs, calibration), and what the payback gate measured of
+the assistant's prompt pass and savings per task, kept in the assistgen cache so that a new process starts from them,
+as a later run in the same process does (`runtime.PairRuntime.schedules` and `.payback`). `compare` keeps a
+comparison's measurements only when its speed probes found the machine steady.
 
 Kept only for pairs whose models all come from the cache (the offline packs), in one file per pair, with the facts the
 costs depend on: the models' folders, dtypes and devices, whether oneDNN runs the fp32 layers, torch, the CPU (its
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import from_env
+from ..engine.drafting import PaybackCosts
 from ..engine.schedules import AdaptiveSchedule
 from ..models.cpu import onednn_enabled
 from ..models.loading import LoadedModel, LoadedPair
@@ -68,6 +70,10 @@ def _key(key: tuple) -> str:
     return json.dumps(list(key))
 
 
+def _payback_key(task: str | None) -> str:
+    return json.dumps(["payback", task])
+
+
 def _read(path: Path, facts: dict) -> dict:
     """The stored schedules' states by key, if the file holds them under these facts; else {}."""
     try:
@@ -93,17 +99,41 @@ def load(pair: LoadedPair, key: tuple) -> AdaptiveSchedule | None:
     return schedule if schedule.costs.known else None
 
 
+def load_payback(pair: LoadedPair, task: str | None) -> PaybackCosts | None:
+    """The payback costs last measured with this pair on `task` on this machine, or None."""
+    path = store_path(pair)
+    state = None if path is None else _read(path, _facts(pair)).get(_payback_key(task))
+    if state is None:
+        return None
+    try:
+        costs = PaybackCosts.from_dict(state)
+    except (AttributeError, KeyError, TypeError, ValueError):   # not what to_dict writes
+        return None
+    return costs if costs.known else None
+
+
 def save(pair: LoadedPair, key: tuple, schedule: AdaptiveSchedule) -> bool:
     """Keep `schedule`'s measurements for this pair and `key`, beside those of its other keys (under a lock, written
     whole then renamed: a reader never sees half a file); False when not kept."""
+    if not schedule.costs.known:
+        return False
+    return _write(pair, _key(key), schedule.to_dict())
+
+
+def save_payback(pair: LoadedPair, task: str | None, costs: PaybackCosts) -> bool:
+    """Keep the payback costs measured on `task` for this pair, as `save` keeps a schedule; False when not kept."""
+    return costs.known and _write(pair, _payback_key(task), costs.to_dict())
+
+
+def _write(pair: LoadedPair, key: str, state: dict) -> bool:
     path = store_path(pair)
-    if path is None or not schedule.costs.known:
+    if path is None:
         return False
     facts = _facts(pair)
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with file_lock(path.with_name(f"{path.name}.lock")):
-            schedules = remember(_read(path, facts), _key(key), schedule.to_dict())
+            schedules = remember(_read(path, facts), key, state)
             tmp.write_text(json.dumps({"facts": facts, "schedules": schedules}))
             os.replace(tmp, path)
     except OSError:

@@ -287,6 +287,26 @@ class PaybackCosts:
         self.saving_share: float | None = None
         self.plain = Rate(decay=0.9)
 
+    @property
+    def known(self) -> bool:
+        """Whether a generation has measured the target's prompt pass and lookup-only decoding."""
+        return self.target_prompt_s is not None and self.lookup.value is not None
+
+    def to_dict(self) -> dict:
+        return {"assistant_over_target": self.assistant_over_target, "target_prompt_s": self.target_prompt_s,
+                "saving_share": self.saving_share, "lookup": [self.lookup.seconds, self.lookup.tokens],
+                "plain": [self.plain.seconds, self.plain.tokens]}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> PaybackCosts:
+        """Costs from `to_dict`'s state (a ValueError, TypeError or KeyError for anything else)."""
+        costs = cls(float(state["assistant_over_target"]))
+        costs.target_prompt_s = None if state["target_prompt_s"] is None else float(state["target_prompt_s"])
+        costs.saving_share = None if state["saving_share"] is None else float(state["saving_share"])
+        costs.lookup.seconds, costs.lookup.tokens = (float(v) for v in state["lookup"])
+        costs.plain.seconds, costs.plain.tokens = (float(v) for v in state["plain"])
+        return costs
+
     def saving_per_token(self, lookup_s: float | None) -> float | None:
         """Seconds the assistant saves per token against lookup-only decoding at `lookup_s` seconds a token."""
         if lookup_s is None:

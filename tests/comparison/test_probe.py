@@ -182,3 +182,32 @@ def test_each_task_lends_its_own_payback_costs_to_its_next_run(pair):
     compare(pair, "translation", text_inputs(pair, "translation", "Good morning."),
             Settings(max_new_tokens=6, draft_source="assistant_lookup"))
     assert translation.target_prompt_s is not None and chat.target_prompt_s is None
+
+
+def test_a_new_process_starts_each_task_from_the_payback_costs_the_last_one_kept(pair, tmp_path, monkeypatch):
+    """`schedule_store` keeps a task's payback costs beside the adaptive schedules, for pairs whose models come from
+    the cache, once a steady comparison measured them: a new process's first run of the task prices the assistant's
+    prompt pass from them instead of measuring for two steps. Another task starts afresh, and so does every task
+    with the store turned off."""
+    import dataclasses
+
+    from assistgen.comparison import compare as comparing, schedule_store
+    from assistgen.comparison.compare import payback_costs
+    from assistgen.comparison.probe import judge
+    monkeypatch.setenv("ASSISTGEN_CACHE", str(tmp_path))
+    for name, loaded in (("target", pair.target), ("assistant", pair.assistant)):
+        monkeypatch.setattr(loaded.model.config, "_name_or_path", str(tmp_path / "models" / name))
+    monkeypatch.setattr(comparing, "judge", lambda *args: dataclasses.replace(judge(*args), warnings=[]))
+    monkeypatch.setattr(runtime(pair), "payback", {})
+    compare(pair, "translation", text_inputs(pair, "translation", "Good morning, how are you today?"),
+            Settings(max_new_tokens=12, draft_source="assistant_lookup"))
+    measured = runtime(pair).payback["translation"]
+    assert measured.known and schedule_store.store_path(pair).is_file()
+
+    monkeypatch.setattr(runtime(pair), "payback", {})   # a new process
+    kept = payback_costs(pair, "translation")
+    assert kept is not measured and kept.to_dict() == measured.to_dict()
+    assert not payback_costs(pair, "summarization").known   # never measured: afresh
+    monkeypatch.setattr(runtime(pair), "payback", {})
+    monkeypatch.setenv("ASSISTGEN_SCHEDULE_STORE", "0")
+    assert not payback_costs(pair, "translation").known
