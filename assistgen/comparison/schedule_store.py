@@ -86,30 +86,26 @@ def _read(path: Path, facts: dict) -> dict:
 
 def load(pair: LoadedPair, key: tuple) -> AdaptiveSchedule | None:
     """The schedule last measured with this pair and `key` (draft source and decoding) on this machine, or None."""
-    path = store_path(pair)
-    if path is None:
-        return None
-    state = _read(path, _facts(pair)).get(_key(key))
-    if state is None:
-        return None
-    try:
-        schedule = AdaptiveSchedule.from_dict(state)
-    except (AttributeError, KeyError, TypeError, ValueError):   # not what to_dict writes
-        return None
-    return schedule if schedule.costs.known else None
+    schedule = _stored(pair, _key(key), AdaptiveSchedule.from_dict)
+    return schedule if schedule is not None and schedule.costs.known else None
 
 
 def load_payback(pair: LoadedPair, task: str | None) -> PaybackCosts | None:
     """The payback costs last measured with this pair on `task` on this machine, or None."""
+    costs = _stored(pair, _payback_key(task), PaybackCosts.from_dict)
+    return costs if costs is not None and costs.known else None
+
+
+def _stored(pair: LoadedPair, key: str, from_dict):
+    """What is kept under `key` for this pair on this machine, rebuilt by `from_dict`; None when nothing usable is."""
     path = store_path(pair)
-    state = None if path is None else _read(path, _facts(pair)).get(_payback_key(task))
+    state = None if path is None else _read(path, _facts(pair)).get(key)
     if state is None:
         return None
     try:
-        costs = PaybackCosts.from_dict(state)
+        return from_dict(state)
     except (AttributeError, KeyError, TypeError, ValueError):   # not what to_dict writes
         return None
-    return costs if costs.known else None
 
 
 def save(pair: LoadedPair, key: tuple, schedule: AdaptiveSchedule) -> bool:
