@@ -84,8 +84,9 @@ class CachedDecoder:
         gen = getattr(model, "generation_config", None)
         self._suppress = _as_list(getattr(gen, "suppress_tokens", None))
         self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
-        self._begin_index = prefix_length
+        self.prefix_length = prefix_length
         self._step = None
+        self._extra_ids: tuple[int, ...] | None = None
         self.cross_key_values: whisper_decoder.KeyValues | None = None
         if whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
             hidden = self._extra["encoder_outputs"]
@@ -103,13 +104,22 @@ class CachedDecoder:
         self.shared_prefix = shared_prefix if isinstance(self._step, llama_decoder.LlamaDecoderStep) else 0
         self.kept_prefix = 0   # the tokens of it the first pass took from the cache (0: read them itself)
 
+    @property
+    def common_vocab(self) -> int | None:
+        """How many of the first token ids the output layer scores apart (`LlamaDecoderStep.common_vocab`), for
+        `logits(..., extra_ids=...)`; None where it scores every id at once."""
+        return getattr(self._step, "common_vocab", None)
+
     @torch.inference_mode()
-    def logits(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
+    def logits(self, tokens: list[int], keep: int = 1, *, extra_ids: tuple[int, ...] | None = None) -> torch.Tensor:
         """Logits ``(keep, vocab)`` (float32) predicting the tokens after each of the last `keep` positions of `tokens`.
 
-        One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen.
+        One forward pass (counted in `passes`) over the part of `tokens` the cache has not seen. `extra_ids`, where
+        `common_vocab` is set: the logits of the first `common_vocab` ids, then of `extra_ids`, only (a draft's
+        choice among the vocabulary's most frequent ids and a few others).
         """
         reuse = min(common_prefix(self._seen, tokens), len(tokens) - keep)
+        self._extra_ids = extra_ids if self.common_vocab is not None else None
         logits = self._logits(tokens, reuse, keep)
         self._seen = list(tokens)
         self.passes += 1
@@ -121,11 +131,14 @@ class CachedDecoder:
         end = len(tokens) - keep + 1   # on the first pass, the prompt: what the baseline's first pass reads
         if reuse == 0 and 0 < self.shared_prefix < end:   # the shared beginning, then the rest of the prompt
             self._read_shared_prefix(tokens[:self.shared_prefix])
-            first = self._step.logits(tokens[self.shared_prefix:end], self.shared_prefix, 1, prompt=True)
+            first = self._step.logits(tokens[self.shared_prefix:end], self.shared_prefix, 1, prompt=True,
+                                      extra_ids=self._extra_ids)
             return first if keep == 1 else torch.cat([first, self._logits(tokens, end, keep - 1)])
         if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
             first = self._logits(tokens[:len(tokens) - keep + 1], 0, 1)
             return torch.cat([first, self._logits(tokens, len(tokens) - keep + 1, keep - 1)])
+        if self._extra_ids is not None:
+            return self._step.logits(tokens[reuse:], reuse, keep, extra_ids=self._extra_ids)
         if self._step is not None:
             return self._step.logits(tokens[reuse:], reuse, keep)
         return self._transformers_logits(tokens, reuse, keep)
@@ -159,7 +172,7 @@ class CachedDecoder:
         logits = logits.clone()
         if self._suppress:
             logits[:, self._suppress] = -float("inf")
-        row = self._begin_index - first_position
+        row = self.prefix_length - first_position
         if self._begin_suppress and 0 <= row < logits.shape[0]:
             logits[row, self._begin_suppress] = -float("inf")
         return logits

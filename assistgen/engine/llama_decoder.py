@@ -105,13 +105,26 @@ class LlamaDecoderStep:
         self.rotary = inner.rotary_emb
         self.final_norm = _rms_norm(inner.norm)
         self.lm_head = model.lm_head.forward
+        # an int8 output layer packed in row blocks: its first block, and rows of the later ones, for drafts
+        # (`logits(..., extra_ids=...)`)
+        head = model.lm_head
+        first_rows = getattr(head, "first_rows", None)
+        self.common_vocab = (first_rows if not row_invariant and first_rows is not None
+                             and first_rows < head.out_features else None)
+        self._head = head
+        if self.common_vocab:   # unpacked once a model (a setup cost, paid by the warm-up)
+            self._later_rows = head.later_rows
+        self._extra: tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None] | None = None   # the last extra ids
         self.layers = [_Layer(layer, self.kv_heads, self.head_dim, model.dtype, self.device) for layer in inner.layers]
 
     @torch.inference_mode()
-    def logits(self, new: list[int], start: int, keep: int = 1, *, prompt: bool = False) -> torch.Tensor:
+    def logits(self, new: list[int], start: int, keep: int = 1, *, prompt: bool = False,
+               extra_ids: tuple[int, ...] | None = None) -> torch.Tensor:
         """`prompt`: the new tokens are the rest of a prompt whose kept beginning fills the buffers
         (`prefix_cache`), read as one pass of the fused kernel, as a prompt is, even in a row-invariant model (the
-        baseline and the assisted run both read it so)."""
+        baseline and the assisted run both read it so). `extra_ids` (where `common_vocab` is set): the logits of the
+        first `common_vocab` ids only, from the output layer's first block, then of `extra_ids` (each above them),
+        in that order, instead of every id's."""
         n = len(new)
         end = start + n
         if self.max_length is not None and end > self.max_length:
@@ -129,7 +142,25 @@ class LlamaDecoderStep:
             x = layer.post_norm(hidden)
             gate, up = layer.gate_up(x).split(layer.intermediate, dim=-1)
             hidden = hidden + layer.down(F.silu(gate) * up)
-        return self.lm_head(self.final_norm(hidden[:, n - keep:]))[0].float()
+        hidden = self.final_norm(hidden[:, n - keep:])
+        if extra_ids is None or not self.common_vocab:
+            return self.lm_head(hidden)[0].float()
+        logits = self._head.first_block(hidden)
+        if extra_ids:
+            logits = torch.cat([logits, self._extra_logits(hidden, extra_ids)], dim=-1)
+        return logits[0].float()
+
+    def _extra_logits(self, hidden: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
+        """The logits of the output layer's rows `ids` (past its first block), from their int8 weights dequantized
+        (a few rows: a float product costs microseconds where fbgemm's call costs milliseconds)."""
+        if self._extra is None or self._extra[0] != ids:
+            weight, scale, bias = self._later_rows
+            index = torch.tensor(ids, dtype=torch.long) - self.common_vocab
+            rows = (weight[index].float() * scale[index, None]).t().contiguous()
+            self._extra = (ids, rows, None if bias is None else bias[index].float())
+        _, rows, bias = self._extra
+        out = hidden.float() @ rows
+        return (out if bias is None else out + bias).to(hidden.dtype)
 
     def key_values(self, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of every layer's keys and values for the first `end` positions (for `prefix_cache`)."""

@@ -70,9 +70,9 @@ def test_a_layer_packed_in_row_blocks_gives_the_same_logits_and_stores_whole(tmp
     model = tm.qwen2(2, vocab=96, hidden=32, layers=1, init=0.2)
     q = quantized.quantize(model)
     whole = quantized.store(q, tmp_path / "whole", {"v": 1})
-    monkeypatch.setattr(quantized, "PACK_ROWS", 40)   # the 96-row lm_head in three blocks of about equal size
+    monkeypatch.setattr(quantized, "PACK_ROWS", 40)   # the 96-row lm_head: its first 40 rows, then two blocks
     chunked = quantized.load(whole, type(model))
-    assert [torch.ops.quantized.linear_unpack(b)[0].shape[0] for b in chunked.lm_head._blocks] == [32, 32, 32]
+    assert [torch.ops.quantized.linear_unpack(b)[0].shape[0] for b in chunked.lm_head._blocks] == [40, 28, 28]
     ids = tm.decoder_inputs(5, length=9)["input_ids"]
     assert torch.equal(_logits(chunked, ids), _logits(q, ids))
     again = quantized.store(chunked, tmp_path / "again", {"v": 1})   # stored whole, as it was quantized
