@@ -13,9 +13,12 @@ for the seconds an assisted run would take (the assistant alone: no prompt looku
 left out) against the target's one-row passes for the same tokens.
 
 Levers (the target verifies over its whole vocabulary in every case; only the drafts change):
-- `int8 0.5B`: the assistant as shipped;
+- `int8 0.5B, whole head`: the assistant choosing among every id;
 - `head: first 32k ids`, `first 64k ids`: its output layer cut to those token ids, the prompt's own ids and the end
   ids (a smaller int8 product, the kept logits the same);
+- `head: common ids and the sequence's`: the assistant as shipped (`drafting.draft_vocabulary`): the head's first
+  block (the first 65,536 ids) and the rows of the other ids the sequence has used, except while the answer is
+  empty or has just used a new id above the block;
 - `first 23 layers`, `first 22 layers`: its last layers skipped (the final norm and head kept).
 
 A benchmark: it prints figures and asserts nothing. Run `python -m assistgen prepare` first.
@@ -32,6 +35,7 @@ import torch
 
 from assistgen.comparison.compare import run_generation
 from assistgen.comparison.request import Settings
+from assistgen.engine.drafting import draft_vocabulary
 from assistgen.engine.llama_decoder import LlamaDecoderStep
 from assistgen.engine.schedules import AdaptiveSchedule, replay
 from assistgen.models.catalog import load_catalog
@@ -44,7 +48,8 @@ from assistgen.tools.passcosts import verify_curve
 PAIR = "qwen2.5-coder-1.5b-w8a8+0.5b-int8"
 INPUTS = Path(__file__).resolve().parents[1] / "inputs"
 SUITES = ("code", "chat", "translation")
-LEVERS = ("int8 0.5B", "head: first 32k ids", "head: first 64k ids", "first 23 layers", "first 22 layers")
+LEVERS = ("int8 0.5B, whole head", "head: first 32k ids", "head: first 64k ids", "head: common ids and the sequence's",
+          "first 23 layers", "first 22 layers")
 VERIFY_ROWS = (1, 2, 3, 4, 6, 8, 12)
 
 
@@ -52,7 +57,7 @@ def lever_step(model, lever: str, prompt: list[int], eos: set[int]) -> tuple[Lla
     """The assistant's lean decoder with `lever` applied, and the token ids its head keeps (None: all)."""
     step = LlamaDecoderStep(model)
     ids = None
-    if lever.startswith("head"):
+    if lever.startswith("head: first"):
         first = 1024 * int(lever.split("first ")[1].split("k")[0])
         ids = torch.tensor(sorted(set(range(first)) | set(prompt) | eos))
         head = model.lm_head
@@ -68,18 +73,33 @@ def draft_along(model, lever: str, prompt: list[int], answer: list[int], eos: se
     """One-row passes along the target's answer: per position, whether the lever's token is the target's, its
     confidence, and each pass's seconds."""
     step, ids = lever_step(model, lever, prompt, eos)
-    logits = step.logits(prompt, 0)[0]
+    rule = lever == "head: common ids and the sequence's"
+
+    def extra(seq: list[int]) -> tuple[int, ...] | None:   # the engine's rule
+        return draft_vocabulary(seq, len(prompt), step.common_vocab, eos) if rule else None
+
+    def chosen(logits: torch.Tensor, ids: tuple[int, ...] | None) -> int:
+        index = int(logits.argmax())
+        return index if ids is None or index < step.common_vocab else ids[index - step.common_vocab]
+    extras = [extra(prompt)]
+    logits = step.logits(prompt, 0, extra_ids=extras[-1])[0]
     agreed, confidences, seconds = [], [], []
     for i, token in enumerate(answer):
         probs = torch.softmax(logits, -1)
         best = int(probs.argmax())
-        agreed.append((best if ids is None else int(ids[best])) == token)
+        agreed.append((chosen(logits, extras[-1]) if ids is None else int(ids[best])) == token)
         confidences.append(float(probs[best]))
         if i + 1 < len(answer):
+            extras.append(extra(prompt + answer[:i + 1]))
             started = time.perf_counter()
-            logits = step.logits([token], len(prompt) + i)[0]
+            logits = step.logits([token], len(prompt) + i, extra_ids=extras[-1])[0]
             seconds.append(time.perf_counter() - started)
-    return {"agreed": agreed, "confidences": confidences, "pass_s": statistics.median(seconds)}
+    commons = [e is not None for e in extras[1:]]
+    # with the rule, passes of two sizes mix: each size's median, weighted by how often it ran
+    pass_s = sum(statistics.median(s) * len(s) for s in (
+        [t for t, c in zip(seconds, commons) if c], [t for t, c in zip(seconds, commons) if not c]) if s) / len(seconds)
+    return {"agreed": agreed, "confidences": confidences, "pass_s": pass_s,
+            "common_share": sum(commons) / max(len(commons), 1)}
 
 
 def verify_costs(pair, inputs: dict) -> callable:
@@ -123,6 +143,7 @@ def main() -> None:
                 rows.append({"suite": suite, "item": item.name, "lever": lever, "tokens": len(answer),
                              "pass_ms": round(1000 * drafted["pass_s"], 2),
                              "agreement": round(sum(drafted["agreed"]) / len(answer), 4),
+                             "common_share": round(drafted["common_share"], 3),
                              "speedup": round(len(answer) * pass_s(1) / assisted, 3)})
                 print(json.dumps(rows[-1]), flush=True)
     table = ["| lever | draft pass ms | c (over the target's one-row pass) | agreement | predicted speedup: "
