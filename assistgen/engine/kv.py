@@ -86,7 +86,6 @@ class CachedDecoder:
         self._begin_suppress = _as_list(getattr(gen, "begin_suppress_tokens", None))
         self.prefix_length = prefix_length
         self._step = None
-        self._extra_ids: tuple[int, ...] | None = None
         self.cross_key_values: whisper_decoder.KeyValues | None = None
         if whisper_decoder.supports(model) and "encoder_outputs" in self._extra:
             hidden = self._extra["encoder_outputs"]
@@ -119,26 +118,26 @@ class CachedDecoder:
         choice among the vocabulary's most frequent ids and a few others).
         """
         reuse = min(common_prefix(self._seen, tokens), len(tokens) - keep)
-        self._extra_ids = extra_ids if self.common_vocab is not None else None
-        logits = self._logits(tokens, reuse, keep)
+        logits = self._logits(tokens, reuse, keep, extra_ids if self.common_vocab is not None else None)
         self._seen = list(tokens)
         self.passes += 1
         if self._suppress or self._begin_suppress:
             logits = self._mask(logits, first_position=len(tokens) - keep + 1)
         return logits
 
-    def _logits(self, tokens: list[int], reuse: int, keep: int) -> torch.Tensor:
+    def _logits(self, tokens: list[int], reuse: int, keep: int, extra_ids: tuple[int, ...] | None = None
+                ) -> torch.Tensor:
         end = len(tokens) - keep + 1   # on the first pass, the prompt: what the baseline's first pass reads
         if reuse == 0 and 0 < self.shared_prefix < end:   # the shared beginning, then the rest of the prompt
             self._read_shared_prefix(tokens[:self.shared_prefix])
             first = self._step.logits(tokens[self.shared_prefix:end], self.shared_prefix, 1, prompt=True,
-                                      extra_ids=self._extra_ids)
-            return first if keep == 1 else torch.cat([first, self._logits(tokens, end, keep - 1)])
+                                      extra_ids=extra_ids)
+            return first if keep == 1 else torch.cat([first, self._logits(tokens, end, keep - 1, extra_ids)])
         if reuse == 0 and keep > 1 and self._prompt_apart:   # the prompt alone, as the baseline reads it; then the rest
             first = self._logits(tokens[:len(tokens) - keep + 1], 0, 1)
             return torch.cat([first, self._logits(tokens, len(tokens) - keep + 1, keep - 1)])
-        if self._extra_ids is not None:
-            return self._step.logits(tokens[reuse:], reuse, keep, extra_ids=self._extra_ids)
+        if extra_ids is not None:
+            return self._step.logits(tokens[reuse:], reuse, keep, extra_ids=extra_ids)
         if self._step is not None:
             return self._step.logits(tokens[reuse:], reuse, keep)
         return self._transformers_logits(tokens, reuse, keep)

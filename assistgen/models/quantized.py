@@ -170,6 +170,11 @@ class RowInt8Linear(Int8Linear):
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
+    @property
+    def first_rows(self) -> int:
+        """All of them: a target's output layer scores every id (its first block is not offered to drafts)."""
+        return self.out_features
+
     def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         qweight, qscale, _ = super().stored()
         return qweight, qscale, self.bias

@@ -30,11 +30,11 @@ def clock(monkeypatch):
     clock = SimulatedClock()
     logits = kv.CachedDecoder.logits
 
-    def timed(self, tokens, keep=1):
+    def timed(self, tokens, keep=1, **kwargs):
         new = len(tokens) - min(kv.common_prefix(self._seen, tokens), len(tokens) - keep)
         target = getattr(self.model, "is_target", False)
         clock.now += (TARGET_PASS_S + TARGET_TOKEN_S * new) if target else (ASSISTANT_PASS_S + ASSISTANT_TOKEN_S * new)
-        return logits(self, tokens, keep)
+        return logits(self, tokens, keep, **kwargs)
     monkeypatch.setattr(kv.CachedDecoder, "logits", timed)
     monkeypatch.setattr(decoding, "synchronized_clock", lambda device: clock)
     return clock
