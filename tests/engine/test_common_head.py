@@ -101,6 +101,16 @@ def test_greedy_drafts_choose_among_the_draft_vocabulary_and_sampled_ones_among_
     expected = int(torch.cat([full[:COMMON], full[[80]]]).argmax())
     assert draft.tokens[0] == (expected if expected < COMMON else 80)
 
+    above = list(range(COMMON + 1, tm.VOCAB, 2))   # a prompt that used every other id above the block
+    used = [3, 9, *above, 3, 20]
+    source, widths = _source(assistant, used, len(used) - 2)
+    draft = source.get_candidates(used, 1, None)
+    whole = CachedDecoder(assistant, {"input_ids": torch.tensor([used])}, prefix_length=len(used), assistant=True)
+    full = whole.logits(used)[0]
+    allowed = [*range(COMMON), *above]
+    assert widths == [len(allowed)] and draft.tokens[0] >= COMMON, "the test needs a draft above the block"
+    assert draft.tokens[0] == allowed[int(full[allowed].argmax())]   # the id itself, not its place among the logits
+
     source, widths = _source(assistant, sequence[:8], 8)   # nothing answered yet: every id
     source.get_candidates(sequence[:8], 2, None)
     assert widths[0] == tm.VOCAB
