@@ -59,8 +59,8 @@ class AssistantCandidates:
 
     Where the model's int8 output layer keeps its first ids apart (`CachedDecoder.common_vocab`: a head over 151,936
     ids packs its first 65,536, those a BPE vocabulary merged first, as a block of its own), a greedy draft reads that
-    block and the rows of the few other ids the sequence has used (`draft_vocabulary`), a tenth of the draft pass's
-    bytes fewer; it reads the whole head while the answer is empty or has just used an id new to it. The target
+    block and the rows of the few other ids the sequence has used (`draft_vocabulary`): 77 MB fewer of the 0.5B's
+    494 MB a pass; it reads the whole head while the answer is empty or has just used an id new to it. The target
     verifies every draft over its whole vocabulary, so this changes which drafts are proposed, never the output."""
 
     def __init__(self, assistant: CachedDecoder, eos_token_ids: set[int]):
