@@ -112,8 +112,6 @@ class LlamaDecoderStep:
         self.common_vocab = (first_rows if not row_invariant and first_rows is not None
                              and first_rows < head.out_features else None)
         self._head = head
-        if self.common_vocab:   # unpacked once a model (a setup cost, paid by the warm-up)
-            self._later_rows = head.later_rows
         self._extra: tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None] | None = None   # the last extra ids
         self.layers = [_Layer(layer, self.kv_heads, self.head_dim, model.dtype, self.device) for layer in inner.layers]
 
@@ -154,7 +152,7 @@ class LlamaDecoderStep:
         """The logits of the output layer's rows `ids` (past its first block), from their int8 weights dequantized
         (a few rows: a float product costs microseconds where fbgemm's call costs milliseconds)."""
         if self._extra is None or self._extra[0] != ids:
-            weight, scale, bias = self._later_rows
+            weight, scale, bias = self._head.later_rows
             index = torch.tensor(ids, dtype=torch.long) - self.common_vocab
             rows = (weight[index].float() * scale[index, None]).t().contiguous()
             self._extra = (ids, rows, None if bias is None else bias[index].float())

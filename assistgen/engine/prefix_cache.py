@@ -2,9 +2,10 @@
 
 Prompts built from a chat template and a task's instruction share their first tokens: the system turn, the user
 turn's opening, "Translate the following text into French. ..." (on the Qwen2.5 pairs 24 tokens of a chat prompt,
-37 of a translation prompt's 51-61, 36-37 of a summary prompt's 109-210). A caller that knows how many leading tokens of a prompt are of that kind says so in its inputs
-(`SHARED_PREFIX`: `comparison.tasks.text_inputs` does); each model then reads that beginning in a pass of its own
-once, keeps its keys and values here, and later prompts that begin with the same tokens read only the rest.
+37 of a translation prompt's 51-61, 36-37 of a summary prompt's 109-210). A caller that knows how many leading
+tokens of a prompt are of that kind says so in its inputs (`SHARED_PREFIX`: `comparison.tasks.text_inputs` does);
+each model then reads that beginning in a pass of its own once, keeps its keys and values here, and later prompts
+that begin with the same tokens read only the rest.
 
 The beginning is always read apart, cached or not: each of its positions' keys and values are then the same bits
 whichever earlier prompt computed them, and a prompt's output does not depend on what was asked before it (a

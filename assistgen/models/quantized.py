@@ -70,6 +70,8 @@ class Int8Linear(nn.Module):
     `PACK_ROWS` rows is packed as row blocks (`block_sizes`), outputs concatenated; a draft may read the first block
     alone (`first_block`) and a few rows of the others (`later_rows`)."""
 
+    OFFERS_FIRST_BLOCK = True   # a draft may read the first block alone, and a few of the later rows
+
     def __init__(self, qweight: torch.Tensor, qscale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
@@ -83,6 +85,13 @@ class Int8Linear(nn.Module):
                 w.contiguous(), s.contiguous(), torch.zeros(len(s), dtype=torch.long), 0),
                 None if b is None else b.contiguous())
             for w, s, b in zip(weights, scales, biases)]
+        # the rows past the first block, kept as loaded (77 MB for the 0.5B's output layer): unpacked from fbgemm's
+        # blocks instead, they took 0.35 s of every process's warm-up
+        self._later = None
+        if len(weights) > 1 and self.OFFERS_FIRST_BLOCK:
+            first = blocks[0]
+            self._later = (qweight[first:].clone(), qscale[first:].float(),
+                           None if bias is None else bias[first:].float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self._blocks) == 1:   # most layers: no list, no concatenation (a draft pass makes dozens of calls)
@@ -94,22 +103,22 @@ class Int8Linear(nn.Module):
 
     @property
     def first_rows(self) -> int:
-        """The rows of the first block: all of them when the weight is one block."""
-        return self.out_features if len(self._blocks) == 1 else block_sizes(self.out_features)[0]
+        """The rows a draft may read alone (`first_block`): the first block's, or all of them when the weight is one
+        block or the layer offers no first block."""
+        if len(self._blocks) == 1 or not self.OFFERS_FIRST_BLOCK:
+            return self.out_features
+        return block_sizes(self.out_features)[0]
 
     def first_block(self, x: torch.Tensor) -> torch.Tensor:
         """The outputs of the first `first_rows` rows alone: one product over that block."""
         out = torch.ops.quantized.linear_dynamic(x, self._blocks[0], reduce_range=self.reduce_range)
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
-    @functools.cached_property
-    def later_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The int8 weight, row scales and bias of the rows past the first block, unpacked once (about 0.4 s for the
-        0.5B's output layer) and kept: a draft's few rows from them (`drafting.draft_vocabulary`)."""
-        parts = [torch.ops.quantized.linear_unpack(block) for block in self._blocks[1:]]
-        return (torch.cat([w.int_repr() for w, _ in parts]),
-                torch.cat([w.q_per_channel_scales() for w, _ in parts]).float(),
-                None if parts[0][1] is None else torch.cat([b for _, b in parts]))
+    @property
+    def later_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """The int8 weight, row scales and bias of the rows past the first block, as loaded (None for one block): a
+        draft's few rows from them (`drafting.draft_vocabulary`)."""
+        return self._later
 
     def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The int8 weight, the scale of each row and the bias, whole."""
@@ -143,7 +152,12 @@ class RowInt8Linear(Int8Linear):
 
     fbgemm's dynamic linear takes a float input and chooses one scale for all of it from its minimum and maximum: a
     last row holding -(levels + 1) and levels (`_sentinel`) makes that scale exactly 1, so the whole numbers pass
-    through unchanged."""
+    through unchanged.
+
+    A target's output layer scores every id: its first block is not offered to drafts (`first_block` would skip the
+    per-row scaling)."""
+
+    OFFERS_FIRST_BLOCK = False
 
     def __init__(self, qweight: torch.Tensor, qscale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(qweight, qscale, None)
@@ -169,11 +183,6 @@ class RowInt8Linear(Int8Linear):
             out = out.add_(self.bias)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if out.dtype == x.dtype else out.to(x.dtype)
-
-    @property
-    def first_rows(self) -> int:
-        """All of them: a target's output layer scores every id (its first block is not offered to drafts)."""
-        return self.out_features
 
     def stored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         qweight, qscale, _ = super().stored()

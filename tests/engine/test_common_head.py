@@ -51,6 +51,7 @@ def test_a_step_scores_the_common_ids_and_the_extra_ones_alone_and_a_target_neve
     # the extra rows' product is a float one, on the input before its 8-bit rounding: the same logits, nearly
     assert torch.allclose(got[:, COMMON:], full[:, [41, 77, 95]], atol=0.03)
     target = tm.w8a8_qwen2(0)
+    assert target.lm_head.first_rows == tm.VOCAB and target.lm_head.later_rows is None   # nothing kept for drafts
     assert LlamaDecoderStep(target, row_invariant=True).common_vocab is None
     assert CachedDecoder(target, tm.decoder_inputs(0), prefix_length=8).common_vocab is None
     one_block = quantized.quantize(tm.qwen2(2, vocab=COMMON, init=0.2))
